@@ -1,0 +1,81 @@
+"""The txstore exception tree, grouped by what a caller does about each error.
+
+- ``ConflictError``: someone else committed first; re-read and retry deliberately.
+- ``CommitStateUnknownError``: the commit may or may not have landed; look before retrying.
+- ``NotFoundError``: the store, version, tag or file named does not exist.
+- ``AlreadyExistsError``: the thing to be created exists already.
+- ``CorruptError``: stored bytes are damaged, foreign or unsafe; repair or restore.
+- ``UnsupportedFormatError``: written by a newer txstore; upgrade to read it.
+- ``EncodeError``: a sample holds a value the format cannot store; fix the input.
+- ``StorageError``: the backend failed (network, permissions, disk); retry later.
+"""
+
+from __future__ import annotations
+
+
+class TxstoreError(Exception):
+    """Base of every error txstore raises."""
+
+
+class ConflictError(TxstoreError):
+    """A commit lost to concurrent commits more times than its retry budget allows."""
+
+
+class CommitStateUnknownError(TxstoreError):
+    """A commit's outcome cannot be known: the write may have landed or not.
+
+    The writer's chunks are left in place; read the store's log (or retry with the same
+    ``txn_id``, which never commits twice) to settle it.
+    """
+
+    def __init__(self, message: str, *, version: int, commit_id: str) -> None:
+        super().__init__(message)
+        self.version = version
+        self.commit_id = commit_id
+
+
+class NotFoundError(TxstoreError):
+    """A store, version, tag or file does not exist."""
+
+
+class StoreNotFoundError(NotFoundError):
+    """No txstore store exists at the location."""
+
+
+class VersionNotFoundError(NotFoundError, KeyError):
+    """The store has no such version."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class AlreadyExistsError(TxstoreError):
+    """The object to be created exists already."""
+
+
+class StoreExistsError(AlreadyExistsError):
+    """A store exists at the location already."""
+
+
+class CorruptError(TxstoreError):
+    """Stored bytes are damaged, foreign or name files outside the store."""
+
+
+class ChecksumError(CorruptError):
+    """Bytes read back do not match the checksum recorded when they were written."""
+
+
+class MissingDataError(CorruptError):
+    """A file that a committed version needs is missing."""
+
+
+class UnsupportedFormatError(TxstoreError):
+    """The data was written in a format version this txstore cannot read."""
+
+
+class EncodeError(TxstoreError, ValueError):
+    """A sample holds a value the format cannot store."""
+
+
+class StorageError(TxstoreError):
+    """The storage backend failed in a way that may pass (network, permissions, disk)."""

@@ -1,0 +1,1 @@
+"""Pure bytes <-> objects: no I/O happens in this package."""

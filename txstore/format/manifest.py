@@ -1,0 +1,141 @@
+"""Manifests, segments, the HEAD hint and transaction markers: JSON documents as msgspec Structs.
+
+Every document carries ``format`` ("txstore") and ``format_version`` [major, minor]; a reader
+refuses a newer major version and anything that is not a txstore document. Every path a
+document names is checked to stay inside the store's root.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal, TypeVar
+
+import msgspec
+
+from ..errors import CorruptError, UnsupportedFormatError
+
+FORMAT = "txstore"
+FORMAT_MAJOR, FORMAT_MINOR = 1, 0
+
+_SAFE_PATH = re.compile(r"[A-Za-z0-9_.\-]+(/[A-Za-z0-9_.\-]+)*")
+
+
+def check_path(path: str, where: str) -> str:
+    """A store-relative path, refused if it could name anything outside the store."""
+    if not _SAFE_PATH.fullmatch(path) or any(p in (".", "..") for p in path.split("/")):
+        raise CorruptError(f"{where} names an unsafe path {path!r} (outside the store root)")
+    return path
+
+
+class StoreConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=False):
+    chunk_bytes: int
+    block_bytes: int
+    compression: Literal["zstd"] | None
+    compression_level: int
+
+
+class ChunkRef(msgspec.Struct, frozen=True, kw_only=True):
+    """One chunk file: where, how many samples, and how to check it."""
+
+    path: str
+    num_samples: int
+    size: int
+    crc32: int
+    footer_offset: int
+
+
+class SegmentRef(msgspec.Struct, frozen=True, kw_only=True):
+    """A segment file (an immutable list of chunks) as a manifest names it."""
+
+    path: str
+    num_samples: int
+    num_chunks: int
+    size: int
+    crc32: int
+
+
+class _Document(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
+    format: str = FORMAT
+    format_version: tuple[int, int] = (FORMAT_MAJOR, FORMAT_MINOR)
+
+
+class Segment(_Document, tag="segment", kw_only=True, frozen=True):
+    chunks: tuple[ChunkRef, ...]
+
+
+class Manifest(_Document, tag="manifest", kw_only=True, frozen=True):
+    """One committed version: the whole dataset as an ordered list of segments."""
+
+    version: int
+    parent: int | None
+    commit_id: str
+    txn_id: str | None = None
+    operation: str
+    timestamp: float
+    message: str | None = None
+    num_samples: int
+    added_samples: int
+    config: StoreConfig
+    segments: tuple[SegmentRef, ...]
+    properties: dict[str, str] = {}
+
+
+class Head(_Document, tag="head", kw_only=True, frozen=True):
+    """The HEAD hint: a recent version, only ever moved forward. Never trusted alone."""
+
+    version: int
+
+
+class TxnMarker(_Document, tag="txn", kw_only=True, frozen=True):
+    """Records which version committed a caller's transaction id."""
+
+    txn_id: str
+    version: int
+    commit_id: str
+
+
+class _Envelope(msgspec.Struct, forbid_unknown_fields=False):
+    format: Any = None
+    format_version: Any = None
+    type: Any = None
+
+
+_encoder = msgspec.json.Encoder()
+D = TypeVar("D", bound=_Document)
+
+
+def encode(doc: _Document) -> bytes:
+    return _encoder.encode(doc)
+
+
+def decode(data: bytes, kind: type[D], where: str) -> D:
+    """Decode a document, telling foreign, newer and damaged documents apart."""
+    try:
+        env = msgspec.json.decode(data, type=_Envelope)
+    except msgspec.DecodeError as e:
+        raise CorruptError(f"{where} is not valid JSON: {e}") from e
+    if env.format != FORMAT:
+        raise CorruptError(f"{where} is not a txstore document (format={env.format!r})")
+    version = env.format_version
+    if not (isinstance(version, list) and len(version) == 2 and isinstance(version[0], int)):
+        raise CorruptError(f"{where} has no valid format_version")
+    if version[0] > FORMAT_MAJOR:
+        raise UnsupportedFormatError(
+            f"{where} is format {version[0]}.{version[1]}; this txstore reads "
+            f"{FORMAT_MAJOR}.x: upgrade txstore"
+        )
+    try:
+        doc = msgspec.json.decode(data, type=kind)
+    except msgspec.ValidationError as e:
+        raise CorruptError(f"{where} is not a valid {kind.__name__.lower()}: {e}") from e
+    _check_paths(doc, where)
+    return doc
+
+
+def _check_paths(doc: _Document, where: str) -> None:
+    if isinstance(doc, Manifest):
+        for seg in doc.segments:
+            check_path(seg.path, where)
+    elif isinstance(doc, Segment):
+        for chunk in doc.chunks:
+            check_path(chunk.path, where)

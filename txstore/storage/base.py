@@ -1,0 +1,84 @@
+"""The storage contract every backend fulfils; tests/test_storage_conformance.py checks it."""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+
+class FileInfo(NamedTuple):
+    key: str
+    size: int
+    mtime: float  # seconds since the epoch
+
+
+class Storage(ABC):
+    """Bytes under string keys ("versions/index.v3.json") below one root.
+
+    Every method raises txstore errors only: ``NotFoundError`` for a missing key,
+    ``AlreadyExistsError`` when a put-if-absent loses, ``ConflictError`` when a
+    compare-and-swap meets another token, ``StorageError`` for anything else. A
+    ``StorageError`` from a write means the write may or may not have happened.
+    """
+
+    #: The URI the store was opened with; with ``storage_options`` it reopens the storage.
+    uri: str
+    storage_options: dict[str, Any]
+
+    @abstractmethod
+    def read(self, key: str) -> bytes:
+        """The whole object."""
+
+    @abstractmethod
+    def read_range(self, key: str, start: int, end: int) -> bytes:
+        """Bytes [start, end) of the object; shorter only if the object is shorter."""
+
+    @abstractmethod
+    def write(self, key: str, data: bytes) -> None:
+        """Store ``data`` durably; readers see the old object or the whole new one."""
+
+    @abstractmethod
+    def put_if_absent(self, key: str, data: bytes) -> None:
+        """Store ``data`` durably only if ``key`` does not exist: one atomic step.
+
+        Raises ``AlreadyExistsError`` when it exists (which, after a lost reply and a client
+        retry, can be our own earlier write: callers read it back to tell).
+        """
+
+    @abstractmethod
+    def read_with_token(self, key: str) -> tuple[bytes, str]:
+        """The object and an opaque token for ``compare_and_swap``."""
+
+    @abstractmethod
+    def compare_and_swap(self, key: str, data: bytes, token: str | None) -> None:
+        """Replace the object only if it still has ``token`` (None: only if absent)."""
+
+    @abstractmethod
+    def exists(self, key: str) -> bool:
+        """Whether the key exists now (never answered from a stale cache)."""
+
+    @abstractmethod
+    def list(self, prefix: str) -> Iterator[FileInfo]:
+        """Every object whose key starts with ``prefix`` (a folder such as "chunks/")."""
+
+    @abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove the object; a missing key is not an error."""
+
+    def writer_lock(self) -> contextlib.AbstractContextManager[object]:
+        """A lock that makes writers of this store on this machine queue instead of race.
+
+        Only an optimisation: correctness rests on ``put_if_absent``.
+        """
+        return contextlib.nullcontext()
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release open handles; the storage stays usable."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Storages cross process boundaries (DataLoader workers) as their URI and options.
+        from . import open_storage
+
+        return (open_storage, (self.uri, self.storage_options))

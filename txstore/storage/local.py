@@ -1,0 +1,220 @@
+"""The local filesystem backend: POSIX calls for the steps fsspec's LocalFileSystem gets wrong.
+
+Publishing is temp file in the same folder + fsync, then ``os.link`` (no-clobber: the commit
+step) or ``os.replace`` (overwrite), then an fsync of the folder. portalocker makes local
+writers queue; it is an optimisation, never what correctness rests on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import threading
+import uuid
+from collections import OrderedDict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import portalocker
+
+from ..errors import AlreadyExistsError, ConflictError, NotFoundError, StorageError
+from .base import FileInfo, Storage
+
+TEMP_PREFIX = ".tmp."
+_LOCK_NAME = ".txstore.lock"
+_MAX_OPEN_FILES = 64
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _token(data: bytes) -> str:
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+class LocalStorage(Storage):
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = os.path.abspath(os.fspath(root))
+        self.uri = self.root
+        self.storage_options: dict[str, Any] = {}
+        self._fds: OrderedDict[str, int] = OrderedDict()
+        self._fds_lock = threading.Lock()
+        self._made_dirs: set[str] = set()
+
+    def _path(self, key: str) -> str:
+        return os.path.join(self.root, *key.split("/"))
+
+    def _parent(self, path: str) -> str:
+        parent = os.path.dirname(path)
+        if parent not in self._made_dirs:
+            os.makedirs(parent, exist_ok=True)
+            self._made_dirs.add(parent)
+        return parent
+
+    def _write_temp(self, path: str, data: bytes) -> str:
+        parent = self._parent(path)
+        tmp = os.path.join(parent, f"{TEMP_PREFIX}{uuid.uuid4().hex}.{os.path.basename(path)}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        os.close(fd)
+        return tmp
+
+    def read(self, key: str) -> bytes:
+        try:
+            with open(self._path(key), "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            raise NotFoundError(f"{self.root}/{key} does not exist") from None
+        except OSError as e:
+            raise StorageError(f"cannot read {self.root}/{key}: {e}") from e
+
+    def _fd(self, key: str) -> int:
+        with self._fds_lock:
+            fd = self._fds.get(key)
+            if fd is not None:
+                self._fds.move_to_end(key)
+                return fd
+        try:
+            fd = os.open(self._path(key), os.O_RDONLY)
+        except FileNotFoundError:
+            raise NotFoundError(f"{self.root}/{key} does not exist") from None
+        with self._fds_lock:
+            self._fds[key] = fd
+            while len(self._fds) > _MAX_OPEN_FILES:
+                os.close(self._fds.popitem(last=False)[1])
+        return fd
+
+    def read_range(self, key: str, start: int, end: int) -> bytes:
+        # Only immutable objects are range-read, so cached descriptors never go stale.
+        try:
+            return os.pread(self._fd(key), max(0, end - start), start)
+        except OSError as e:
+            raise StorageError(f"cannot read {self.root}/{key}: {e}") from e
+
+    def write(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        try:
+            tmp = self._write_temp(path, data)
+            os.replace(tmp, path)
+            _fsync_dir(os.path.dirname(path))
+        except OSError as e:
+            raise StorageError(f"cannot write {self.root}/{key}: {e}") from e
+
+    def put_if_absent(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        try:
+            tmp = self._write_temp(path, data)
+        except OSError as e:
+            raise StorageError(f"cannot write {self.root}/{key}: {e}") from e
+        try:
+            os.link(tmp, path)  # the no-clobber step: exactly one process wins
+        except FileExistsError:
+            raise AlreadyExistsError(f"{self.root}/{key} exists") from None
+        except OSError as e:
+            raise StorageError(f"cannot publish {self.root}/{key}: {e}") from e
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        try:
+            _fsync_dir(os.path.dirname(path))
+        except OSError as e:
+            raise StorageError(f"cannot sync the folder of {self.root}/{key}: {e}") from e
+
+    def read_with_token(self, key: str) -> tuple[bytes, str]:
+        data = self.read(key)
+        return data, _token(data)
+
+    def compare_and_swap(self, key: str, data: bytes, token: str | None) -> None:
+        path = self._path(key)
+        lock_path = os.path.join(self._parent(path), f".{os.path.basename(path)}.lock")
+        try:
+            with portalocker.Lock(lock_path, "a", timeout=30, check_interval=0.002):
+                try:
+                    current: str | None = _token(Path(path).read_bytes())
+                except FileNotFoundError:
+                    current = None
+                if current != token:
+                    raise ConflictError(f"{self.root}/{key} changed since it was read")
+                tmp = self._write_temp(path, data)
+                os.replace(tmp, path)
+                _fsync_dir(os.path.dirname(path))
+        except portalocker.LockException as e:
+            raise StorageError(f"cannot lock {lock_path}: {e}") from e
+        except OSError as e:
+            raise StorageError(f"cannot write {self.root}/{key}: {e}") from e
+
+    def exists(self, key: str) -> bool:
+        return os.path.exists(self._path(key))
+
+    def list(self, prefix: str) -> Iterator[FileInfo]:
+        folder = prefix.rpartition("/")[0]
+        base = self._path(folder) if folder else self.root
+        for dirpath, _dirs, files in os.walk(base):
+            rel = os.path.relpath(dirpath, self.root).replace(os.sep, "/")
+            for name in sorted(files):
+                key = name if rel == "." else f"{rel}/{name}"
+                if not key.startswith(prefix):
+                    continue
+                try:
+                    st = os.stat(os.path.join(dirpath, name))
+                except FileNotFoundError:
+                    continue
+                yield FileInfo(key, st.st_size, st.st_mtime)
+
+    def delete(self, key: str) -> None:
+        with self._fds_lock:
+            fd = self._fds.pop(key, None)
+        if fd is not None:
+            os.close(fd)
+        try:
+            os.unlink(self._path(key))
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise StorageError(f"cannot delete {self.root}/{key}: {e}") from e
+
+    @contextlib.contextmanager
+    def writer_lock(self) -> Iterator[object]:
+        os.makedirs(self.root, exist_ok=True)
+        lock = portalocker.Lock(
+            os.path.join(self.root, _LOCK_NAME), "a", timeout=10, check_interval=0.002
+        )
+        try:
+            lock.acquire()
+        except portalocker.LockException:
+            yield None  # a stuck peer: go ahead unqueued; put_if_absent still decides
+            return
+        try:
+            yield lock
+        finally:
+            lock.release()
+
+    def close(self) -> None:
+        with self._fds_lock:
+            for fd in self._fds.values():
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            self._fds.clear()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+
+__all__ = ["TEMP_PREFIX", "LocalStorage"]

@@ -1,0 +1,88 @@
+"""An in-process backend: a dict under a lock. For tests, demos and caches."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from ..errors import AlreadyExistsError, ConflictError, NotFoundError
+from .base import FileInfo, Storage
+
+# Named memory stores live for the process, so "memory://name" opens what create() made.
+_Entry = tuple[bytes, float, int]  # data, mtime, generation (the CAS token)
+_named: dict[str, dict[str, _Entry]] = {}
+_generation = itertools.count(1)
+_named_lock = threading.Lock()
+
+
+class MemoryStorage(Storage):
+    def __init__(self, name: str | None = None) -> None:
+        self.storage_options: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        if name is None:
+            self.uri = f"memory://anonymous-{id(self):x}"
+            self._objects: dict[str, _Entry] = {}
+        else:
+            self.uri = f"memory://{name}"
+            with _named_lock:
+                self._objects = _named.setdefault(name, {})
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A memory store cannot cross a process boundary; within one it stays the same dict.
+        if self.uri.startswith("memory://anonymous-"):
+            raise TypeError("an anonymous MemoryStorage cannot be pickled; name it")
+        return (MemoryStorage, (self.uri.removeprefix("memory://"),))
+
+    def _get(self, key: str) -> bytes:
+        try:
+            return self._objects[key][0]
+        except KeyError:
+            raise NotFoundError(f"{self.uri}/{key} does not exist") from None
+
+    def read(self, key: str) -> bytes:
+        with self._lock:
+            return self._get(key)
+
+    def read_range(self, key: str, start: int, end: int) -> bytes:
+        with self._lock:
+            return self._get(key)[start:end]
+
+    def write(self, key: str, data: bytes) -> None:
+        with self._lock:
+            self._objects[key] = (bytes(data), time.time(), next(_generation))
+
+    def put_if_absent(self, key: str, data: bytes) -> None:
+        with self._lock:
+            if key in self._objects:
+                raise AlreadyExistsError(f"{self.uri}/{key} exists")
+            self._objects[key] = (bytes(data), time.time(), next(_generation))
+
+    def read_with_token(self, key: str) -> tuple[bytes, str]:
+        with self._lock:
+            data = self._get(key)
+            return data, str(self._objects[key][2])
+
+    def compare_and_swap(self, key: str, data: bytes, token: str | None) -> None:
+        with self._lock:
+            current = self._objects.get(key)
+            current_token = None if current is None else str(current[2])
+            if current_token != token:
+                raise ConflictError(f"{self.uri}/{key} changed since it was read")
+            self._objects[key] = (bytes(data), time.time(), next(_generation))
+
+    def exists(self, key: str) -> bool:
+        with self._lock:
+            return key in self._objects
+
+    def list(self, prefix: str) -> Iterator[FileInfo]:
+        with self._lock:
+            items = [(k, v) for k, v in self._objects.items() if k.startswith(prefix)]
+        for key, (data, mtime, _) in sorted(items):
+            yield FileInfo(key, len(data), mtime)
+
+    def delete(self, key: str) -> None:
+        with self._lock:
+            self._objects.pop(key, None)

@@ -1,0 +1,146 @@
+"""S3 (and S3-compatible servers) through s3fs, with conditional PUTs for the commit step.
+
+Objects that decide a commit are written with ``put_object`` and ``If-None-Match: *`` or
+``If-Match: <etag>``, always single-part: s3fs drops ``IfMatch`` on its multipart path and
+lets a 0-byte ``"xb"`` write clobber. Failures are classified on the HTTP status, because not
+every server names the failed condition in its error body.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import s3fs
+from fsspec.asyn import sync
+
+from ..errors import AlreadyExistsError, ConflictError, NotFoundError, StorageError
+from .base import FileInfo, Storage
+
+
+def _http_status(exc: BaseException) -> int | None:
+    seen: BaseException | None = exc
+    while seen is not None:
+        response = getattr(seen, "response", None)
+        if isinstance(response, dict):
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if isinstance(status, int):
+                return status
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+class S3Storage(Storage):
+    def __init__(self, uri: str, storage_options: dict[str, Any] | None = None) -> None:
+        self.uri = uri.rstrip("/")
+        self.storage_options = dict(storage_options or {})
+        # Fresh answers matter more than saved round trips: no instance or listings cache.
+        self._fs = s3fs.S3FileSystem(
+            skip_instance_cache=True, use_listings_cache=False, **self.storage_options
+        )
+        self._root = self.uri.removeprefix("s3://")
+        self._bucket, _, self._prefix = self._root.partition("/")
+
+    def _path(self, key: str) -> str:
+        return f"{self._root}/{key}"
+
+    def _object_key(self, key: str) -> str:
+        return f"{self._prefix}/{key}" if self._prefix else key
+
+    def _fail(self, action: str, key: str, exc: Exception) -> Exception:
+        if isinstance(exc, FileNotFoundError) or _http_status(exc) == 404:
+            return NotFoundError(f"{self.uri}/{key} does not exist")
+        return StorageError(f"cannot {action} {self.uri}/{key}: {exc}")
+
+    def read(self, key: str) -> bytes:
+        try:
+            data: bytes = self._fs.cat_file(self._path(key))
+        except Exception as e:
+            raise self._fail("read", key, e) from e
+        return data
+
+    def read_range(self, key: str, start: int, end: int) -> bytes:
+        try:
+            data: bytes = self._fs.cat_file(self._path(key), start=start, end=end)
+        except Exception as e:
+            raise self._fail("read", key, e) from e
+        return data
+
+    def write(self, key: str, data: bytes) -> None:
+        try:
+            self._fs.pipe_file(self._path(key), data)
+        except Exception as e:
+            raise self._fail("write", key, e) from e
+
+    def _conditional_put(self, key: str, data: bytes, **condition: str) -> None:
+        if not data:
+            raise ValueError("conditional writes of empty objects are not safe on s3fs")
+        self._fs.call_s3(
+            "put_object", Bucket=self._bucket, Key=self._object_key(key), Body=data, **condition
+        )
+
+    def put_if_absent(self, key: str, data: bytes) -> None:
+        try:
+            self._conditional_put(key, data, IfNoneMatch="*")
+        except Exception as e:
+            if _http_status(e) == 412:
+                raise AlreadyExistsError(f"{self.uri}/{key} exists") from e
+            # 409 (a concurrent conditional write), 5xx, timeouts: the outcome is unknown.
+            raise StorageError(f"cannot publish {self.uri}/{key}: {e}") from e
+
+    def read_with_token(self, key: str) -> tuple[bytes, str]:
+        fs, bucket, object_key = self._fs, self._bucket, self._object_key(key)
+
+        async def get() -> tuple[bytes, str]:
+            response = await fs._call_s3("get_object", Bucket=bucket, Key=object_key)
+            async with response["Body"] as stream:
+                data: bytes = await stream.read()
+            return data, str(response["ETag"])
+
+        try:
+            result: tuple[bytes, str] = sync(fs.loop, get)
+        except Exception as e:
+            raise self._fail("read", key, e) from e
+        return result
+
+    def compare_and_swap(self, key: str, data: bytes, token: str | None) -> None:
+        condition = {"IfNoneMatch": "*"} if token is None else {"IfMatch": token}
+        try:
+            self._conditional_put(key, data, **condition)
+        except Exception as e:
+            status = _http_status(e)
+            if status == 412 or (status == 404 and token is not None):
+                raise ConflictError(f"{self.uri}/{key} changed since it was read") from e
+            raise StorageError(f"cannot write {self.uri}/{key}: {e}") from e
+
+    def exists(self, key: str) -> bool:
+        try:
+            self._fs.call_s3("head_object", Bucket=self._bucket, Key=self._object_key(key))
+        except Exception as e:
+            if isinstance(e, FileNotFoundError) or _http_status(e) == 404:
+                return False
+            raise StorageError(f"cannot check {self.uri}/{key}: {e}") from e
+        return True
+
+    def list(self, prefix: str) -> Iterator[FileInfo]:
+        try:
+            found = self._fs.find(self._path(prefix.rpartition("/")[0]), detail=True)
+        except FileNotFoundError:
+            return
+        except Exception as e:
+            raise StorageError(f"cannot list {self.uri}/{prefix}: {e}") from e
+        for path, info in sorted(found.items()):
+            key = path.removeprefix(self._root + "/")
+            if key.startswith(prefix):
+                modified = info.get("LastModified")
+                mtime = modified.timestamp() if modified is not None else 0.0
+                yield FileInfo(key, int(info.get("size", 0)), mtime)
+
+    def delete(self, key: str) -> None:
+        try:
+            self._fs.rm_file(self._path(key))
+        except FileNotFoundError:
+            pass
+        except Exception as e:
+            raise StorageError(f"cannot delete {self.uri}/{key}: {e}") from e
+

@@ -1,0 +1,7 @@
+"""The commit protocol: optimistic concurrency, retry, rebase, commit-state-unknown."""
+
+from .commit import Build, CommitResult, RetryPolicy, commit
+from .log import VersionLog, manifest_key, txn_marker_key
+
+__all__ = ["Build", "CommitResult", "RetryPolicy", "VersionLog", "commit", "manifest_key",
+           "txn_marker_key"]

@@ -1,0 +1,181 @@
+"""The version log: manifests ``versions/index.v<n>.json``, the HEAD hint, txn markers.
+
+Finding the latest version reads HEAD, checks the version it names exists, then probes
+forward (n+1, n+2, ...) until a probe misses: a constant number of small reads when HEAD is
+fresh. A missing, garbage or too-new HEAD falls back to a galloping search over versions
+(O(log n) probes), never a listing. Versions are contiguous from 0, because a writer only
+creates n+1 after it has read n.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from collections import OrderedDict
+
+from ..errors import (
+    AlreadyExistsError,
+    ConflictError,
+    CorruptError,
+    NotFoundError,
+    StoreNotFoundError,
+    TxstoreError,
+    VersionNotFoundError,
+)
+from ..format import manifest as fmt
+from ..format.manifest import Head, Manifest, TxnMarker
+from ..storage import Storage
+
+log = logging.getLogger(__name__)
+
+HEAD_KEY = "HEAD"
+_CACHE_SIZE = 64
+
+
+def manifest_key(version: int) -> str:
+    return f"versions/index.v{version}.json"
+
+
+def txn_marker_key(txn_id: str) -> str:
+    return f"txns/{hashlib.sha256(txn_id.encode()).hexdigest()}.json"
+
+
+class VersionLog:
+    """Reads and advances the chain of manifests of one store."""
+
+    def __init__(self, storage: Storage) -> None:
+        self.storage = storage
+        self._cache: OrderedDict[int, Manifest] = OrderedDict()
+        self._lock = threading.Lock()
+
+    # -- manifests -------------------------------------------------------------------------
+
+    def read(self, version: int) -> Manifest:
+        """Version ``version``'s manifest (immutable, so cached)."""
+        with self._lock:
+            cached = self._cache.get(version)
+        if cached is not None:
+            return cached
+        key = manifest_key(version)
+        try:
+            data = self.storage.read(key)
+        except NotFoundError:
+            raise VersionNotFoundError(
+                f"version {version} does not exist in {self.storage.uri}"
+            ) from None
+        where = f"{self.storage.uri}/{key}"
+        manifest = fmt.decode(data, Manifest, where)
+        if manifest.version != version:
+            raise CorruptError(f"{where} claims to be version {manifest.version}")
+        self._remember(manifest)
+        return manifest
+
+    def _remember(self, manifest: Manifest) -> None:
+        with self._lock:
+            self._cache[manifest.version] = manifest
+            while len(self._cache) > _CACHE_SIZE:
+                self._cache.popitem(last=False)
+
+    # -- finding the latest version --------------------------------------------------------
+
+    def _head_hint(self) -> int | None:
+        try:
+            head = fmt.decode(self.storage.read(HEAD_KEY), Head, f"{self.storage.uri}/HEAD")
+        except NotFoundError:
+            return None
+        except TxstoreError as e:  # garbage HEAD: a hint we can do without
+            log.warning("ignoring HEAD of %s: %s", self.storage.uri, e)
+            return None
+        return head.version if head.version >= 0 else None
+
+    def _exists(self, version: int) -> bool:
+        return self.storage.exists(manifest_key(version))
+
+    def latest_version(self) -> int:
+        hint = self._head_hint()
+        if hint is None or not self._exists(hint):
+            hint = self._gallop()
+        version = hint
+        while self._exists(version + 1):
+            version += 1
+        return version
+
+    def _gallop(self) -> int:
+        """The highest existing version, by doubling probes then bisection."""
+        if not self._exists(0):
+            raise StoreNotFoundError(f"no txstore store at {self.storage.uri}")
+        low, step = 0, 1  # low exists
+        while self._exists(low + step):
+            low, step = low + step, step * 2
+        high = low + step  # missing
+        while high - low > 1:
+            mid = (low + high) // 2
+            if self._exists(mid):
+                low = mid
+            else:
+                high = mid
+        return low
+
+    def latest(self) -> Manifest:
+        return self.read(self.latest_version())
+
+    def advance_head(self, version: int) -> None:
+        """Move HEAD forward to ``version`` (never back); best effort, as HEAD is a hint."""
+        data = fmt.encode(Head(version=version))
+        for _ in range(5):
+            try:
+                try:
+                    current, token = self.storage.read_with_token(HEAD_KEY)
+                    hint = fmt.decode(current, Head, "HEAD").version
+                except NotFoundError:
+                    token, hint = None, -1
+                except CorruptError:
+                    self.storage.write(HEAD_KEY, data)  # garbage: replace it
+                    return
+                if hint >= version:
+                    return
+                self.storage.compare_and_swap(HEAD_KEY, data, token)
+                return
+            except ConflictError:
+                continue
+            except TxstoreError as e:
+                log.warning("could not advance HEAD of %s: %s", self.storage.uri, e)
+                return
+
+    # -- transaction ids -------------------------------------------------------------------
+
+    def find_txn(self, txn_id: str, latest: Manifest) -> Manifest | None:
+        """The committed version with ``txn_id``, if any.
+
+        Every version below the latest has its marker (a committer writes its parent's
+        marker before it commits), so a marker lookup plus a look at the latest is complete.
+        """
+        if latest.txn_id == txn_id:
+            return latest
+        key = txn_marker_key(txn_id)
+        try:
+            data = self.storage.read(key)
+        except NotFoundError:
+            return None
+        marker = fmt.decode(data, TxnMarker, f"{self.storage.uri}/{key}")
+        found = self.read(marker.version)
+        if found.txn_id != txn_id or found.commit_id != marker.commit_id:
+            raise CorruptError(f"{self.storage.uri}/{key} names version {marker.version}, "
+                               f"which is not transaction {txn_id!r}")
+        return found
+
+    def ensure_marker(self, manifest: Manifest) -> None:
+        """Make sure ``manifest``'s txn marker exists (before anything is built on it)."""
+        if manifest.txn_id is None:
+            return
+        key = txn_marker_key(manifest.txn_id)
+        if self.storage.exists(key):
+            return
+        marker = TxnMarker(
+            txn_id=manifest.txn_id, version=manifest.version, commit_id=manifest.commit_id
+        )
+        try:
+            self.storage.put_if_absent(key, fmt.encode(marker))
+        except AlreadyExistsError:
+            pass  # another writer wrote the same marker

@@ -1,0 +1,96 @@
+"""Streams samples into chunk files: encodes on the caller's thread, uploads on another."""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections import deque
+from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from .errors import TxstoreError
+from .format.chunk import BuiltChunk, ChunkBuilder
+from .format.codec import FrameCompressor
+from .format.manifest import ChunkRef, StoreConfig
+from .storage import Storage
+
+#: Chunks built but not yet stored; bounds memory to a few chunks whatever the input size.
+MAX_PENDING_UPLOADS = 2
+
+
+def new_chunk_key() -> str:
+    return f"chunks/{uuid.uuid4().hex}.chunk"
+
+
+class ChunkWriter:
+    """Writes the chunks of one transaction; ``abort`` deletes what it wrote."""
+
+    def __init__(self, storage: Storage, config: StoreConfig) -> None:
+        self._storage = storage
+        self._config = config
+        self._compressor = FrameCompressor(config.compression, config.compression_level)
+        self._builder = self._new_builder()
+        self._uploads: deque[Future[ChunkRef]] = deque()
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="txstore-upload")
+        self._refs: list[ChunkRef] = []
+        self._keys: list[str] = []
+        self.num_samples = 0
+
+    def _new_builder(self) -> ChunkBuilder:
+        return ChunkBuilder(block_bytes=self._config.block_bytes, compressor=self._compressor)
+
+    def write(self, samples: Iterable[Any]) -> None:
+        """Add samples; raises EncodeError naming the sample's position and key."""
+        builder = self._builder
+        limit = self._config.chunk_bytes
+        position = self.num_samples
+        try:
+            for sample in samples:
+                builder.add(sample, position)
+                position += 1
+                if builder.size >= limit:
+                    self._flush()
+                    builder = self._builder
+        finally:
+            self.num_samples = position
+
+    def _flush(self) -> None:
+        builder, self._builder = self._builder, self._new_builder()
+        if not builder.num_samples:
+            return
+        built = builder.finish()
+        key = new_chunk_key()
+        self._keys.append(key)
+        while len(self._uploads) >= MAX_PENDING_UPLOADS:
+            self._refs.append(self._uploads.popleft().result())
+        self._uploads.append(self._pool.submit(self._upload, key, built))
+
+    def _upload(self, key: str, built: BuiltChunk) -> ChunkRef:
+        self._storage.write(key, built.data)
+        return ChunkRef(
+            path=key,
+            num_samples=built.num_samples,
+            size=len(built.data),
+            crc32=built.crc32,
+            footer_offset=built.footer_offset,
+        )
+
+    def finish(self) -> list[ChunkRef]:
+        """Store the last chunk and wait for every upload; the refs in sample order."""
+        self._flush()
+        while self._uploads:
+            self._refs.append(self._uploads.popleft().result())
+        self._pool.shutdown()
+        return self._refs
+
+    def abort(self) -> None:
+        """Delete every chunk this writer stored: only for a transaction known not committed."""
+        for upload in self._uploads:
+            with contextlib.suppress(Exception):
+                upload.result()
+        self._uploads.clear()
+        self._pool.shutdown()
+        for key in self._keys:
+            with contextlib.suppress(TxstoreError):
+                self._storage.delete(key)

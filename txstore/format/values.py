@@ -55,9 +55,9 @@ def _enc_hook(obj: Any) -> msgspec.msgpack.Ext:
         import numpy as np
 
         if isinstance(obj, np.ndarray):
-            arr = np.ascontiguousarray(obj)
+            # tobytes() is C order whatever the layout; ascontiguousarray would make 0-d 1-d.
             return msgspec.msgpack.Ext(
-                EXT_NDARRAY, _array_payload([arr.dtype.str, list(arr.shape)], arr.tobytes())
+                EXT_NDARRAY, _array_payload([obj.dtype.str, list(obj.shape)], obj.tobytes())
             )
         if isinstance(obj, np.generic):
             return msgspec.msgpack.Ext(EXT_NPSCALAR, _array_payload([obj.dtype.str], obj.tobytes()))
@@ -79,7 +79,7 @@ def _ext_hook(code: int, data: memoryview) -> Any:
         import numpy as np
 
         (dtype, shape), raw = _split_payload(data)
-        return np.frombuffer(raw, dtype=np.dtype(dtype)).reshape(shape).copy()
+        return np.frombuffer(raw, dtype=np.dtype(dtype)).reshape(tuple(shape)).copy()
     if code == EXT_NPSCALAR:
         import numpy as np
 
@@ -95,8 +95,8 @@ def _ext_hook(code: int, data: memoryview) -> Any:
         (dtype, shape), raw = _split_payload(data)
         torch_dtype = getattr(torch, dtype)
         if not raw:
-            return torch.empty(shape, dtype=torch_dtype)
-        return torch.frombuffer(bytearray(raw), dtype=torch_dtype).reshape(shape)
+            return torch.empty(tuple(shape), dtype=torch_dtype)
+        return torch.frombuffer(bytearray(raw), dtype=torch_dtype).reshape(tuple(shape))
     raise UnsupportedFormatError(f"unknown MessagePack extension code {code}")
 
 

@@ -1,0 +1,137 @@
+"""One conformance suite that every storage backend passes."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from txstore.errors import AlreadyExistsError, ConflictError, NotFoundError
+from txstore.storage import Storage, open_storage
+
+from .conftest import Backend
+
+
+@pytest.fixture
+def storage(backend: Backend) -> Storage:
+    return open_storage(backend.uri, backend.storage_options)
+
+
+def test_write_read_and_ranges(storage: Storage) -> None:
+    storage.write("chunks/a.chunk", b"0123456789")
+    assert storage.read("chunks/a.chunk") == b"0123456789"
+    assert storage.read_range("chunks/a.chunk", 2, 5) == b"234"
+    assert storage.read_range("chunks/a.chunk", 8, 20) == b"89"
+    storage.write("chunks/a.chunk", b"new")
+    assert storage.read("chunks/a.chunk") == b"new"
+
+
+def test_missing_keys_raise_not_found(storage: Storage) -> None:
+    with pytest.raises(NotFoundError):
+        storage.read("nope")
+    with pytest.raises(NotFoundError):
+        storage.read_range("nope", 0, 4)
+    with pytest.raises(NotFoundError):
+        storage.read_with_token("nope")
+    assert not storage.exists("nope")
+    storage.delete("nope")  # deleting what is absent is fine
+
+
+def test_put_if_absent_never_clobbers(storage: Storage) -> None:
+    storage.put_if_absent("versions/index.v1.json", b"first")
+    with pytest.raises(AlreadyExistsError):
+        storage.put_if_absent("versions/index.v1.json", b"second")
+    assert storage.read("versions/index.v1.json") == b"first"
+    assert storage.exists("versions/index.v1.json")
+
+
+def test_compare_and_swap(storage: Storage) -> None:
+    storage.compare_and_swap("HEAD", b"v1", None)
+    with pytest.raises(ConflictError):
+        storage.compare_and_swap("HEAD", b"v1 again", None)
+    data, token = storage.read_with_token("HEAD")
+    assert data == b"v1"
+    storage.compare_and_swap("HEAD", b"v2", token)
+    assert storage.read("HEAD") == b"v2"
+    with pytest.raises(ConflictError):
+        storage.compare_and_swap("HEAD", b"v3", token)  # stale token
+    assert storage.read("HEAD") == b"v2"
+
+
+def test_list_and_delete(storage: Storage) -> None:
+    for key in ["chunks/b", "chunks/a", "segments/s", "HEAD"]:
+        storage.write(key, key.encode())
+    listed = list(storage.list("chunks/"))
+    assert [f.key for f in listed] == ["chunks/a", "chunks/b"]
+    assert all(f.size == len(f.key) for f in listed)
+    assert all(abs(f.mtime - time.time()) < 3600 for f in listed)
+    storage.delete("chunks/a")
+    assert [f.key for f in storage.list("chunks/")] == ["chunks/b"]
+    assert list(storage.list("nothing/")) == []
+
+
+def test_racing_put_if_absent_has_one_winner(storage: Storage) -> None:
+    rounds, racers = 20, 6
+    for r in range(rounds):
+        key = f"versions/index.v{r}.json"
+        barrier = threading.Barrier(racers)
+
+        def race(i: int, key: str = key, barrier: threading.Barrier = barrier) -> bool:
+            barrier.wait()
+            try:
+                storage.put_if_absent(key, f"writer {i}".encode())
+                return True
+            except AlreadyExistsError:
+                return False
+
+        with ThreadPoolExecutor(racers) as pool:
+            wins = list(pool.map(race, range(racers)))
+        assert sum(wins) == 1, f"round {r}: {sum(wins)} winners"
+        assert storage.read(key) == f"writer {wins.index(True)}".encode()
+
+
+def test_readers_never_see_partial_writes(storage: Storage) -> None:
+    big = [bytes([i]) * 2_000_000 for i in range(3)]
+    storage.write("chunks/x", big[0])
+    stop = threading.Event()
+    torn: list[int] = []
+
+    def reader() -> None:
+        while not stop.is_set():
+            data = storage.read("chunks/x")
+            if len(data) != len(big[0]) or data.count(data[:1]) != len(data):
+                torn.append(len(data))
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    for i in range(12):
+        storage.write("chunks/x", big[i % 3])
+    stop.set()
+    thread.join()
+    assert torn == []
+
+
+def test_storage_round_trips_through_pickle(storage: Storage) -> None:
+    import pickle
+
+    storage.write("k", b"v")
+    clone = pickle.loads(pickle.dumps(storage))
+    assert clone.read("k") == b"v"
+
+
+def test_local_publish_leaves_no_temp_files(tmp_path: Path) -> None:
+    storage = open_storage(str(tmp_path))
+    storage.put_if_absent("versions/index.v0.json", b"x")
+    with pytest.raises(AlreadyExistsError):
+        storage.put_if_absent("versions/index.v0.json", b"y")
+    storage.write("chunks/c", b"z")
+    assert sorted(p.name for p in (tmp_path / "versions").iterdir()) == ["index.v0.json"]
+    assert sorted(p.name for p in (tmp_path / "chunks").iterdir()) == ["c"]
+
+
+def test_unknown_scheme_is_refused() -> None:
+    with pytest.raises(ValueError, match="unsupported store URI"):
+        open_storage("ftp://example/x")

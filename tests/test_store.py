@@ -1,0 +1,231 @@
+"""The public API on every backend: round trips, isolation, history, bad input."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+
+import txstore
+from txstore.errors import (
+    EncodeError,
+    StoreExistsError,
+    StoreNotFoundError,
+    TxstoreError,
+    VersionNotFoundError,
+)
+
+from .conftest import Backend
+
+torch = pytest.importorskip("torch")
+
+
+def _create(backend: Backend, **kw: Any) -> txstore.Store:
+    return txstore.create(backend.uri, **backend.kwargs(), **kw)
+
+
+def _equal(a: Any, b: Any) -> bool:
+    """Exact equality, including type, dtype and shape of arrays and tensors."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, np.ndarray):
+        return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b, equal_nan=True)
+    if isinstance(a, np.generic):
+        return a.dtype == b.dtype and a.tobytes() == b.tobytes()
+    if isinstance(a, torch.Tensor):
+        return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float) and math.isnan(a):
+        return math.isnan(b)
+    return bool(a == b)
+
+
+def every_value_kind() -> list[dict[str, Any]]:
+    return [
+        {"none": None, "t": True, "f": False, "i": 0, "neg": -(2**63), "big": 2**64 - 1},
+        {"float": 1.5, "nan": float("nan"), "inf": -math.inf, "str": "héllo ✓", "empty": ""},
+        {"bytes": b"\x00\xff" * 100, "nobytes": b"", "list": [1, "a", None, [2.5, b"x"]]},
+        {"dict": {"a": {"b": [1, {"c": None}]}}, "emptylist": [], "emptydict": {}},
+        {"i8": np.arange(-5, 5, dtype=np.int8), "u64": np.array([2**64 - 1], dtype=np.uint64)},
+        {"f16": np.linspace(0, 1, 7, dtype=np.float16), "bool": np.array([True, False])},
+        {"c128": np.array([1 + 2j, -3j]), "be": np.arange(6, dtype=">i4").reshape(2, 3)},
+        {"zero_d": np.array(3.25), "empty": np.zeros((0, 4), dtype=np.float32)},
+        {"fortran": np.asfortranarray(np.arange(12.0).reshape(3, 4))},
+        {"npscalar": np.float32(2.5), "npint": np.int64(-7), "npbool": np.bool_(True)},
+        {"tensor": torch.arange(12, dtype=torch.float32).reshape(3, 4)},
+        {"bf16": torch.tensor([1.5, -2.0], dtype=torch.bfloat16), "t0": torch.tensor(5)},
+        {"tempty": torch.zeros(0, 3, dtype=torch.int16), "tbool": torch.tensor([True])},
+        {},
+        {"only_here": "sparse keys"},
+    ]
+
+
+def test_every_value_kind_round_trips(backend: Backend) -> None:
+    store = _create(backend)
+    samples = every_value_kind()
+    store.append(samples)
+    snap = txstore.open(backend.uri, **backend.kwargs()).snapshot()
+    assert len(snap) == len(samples)
+    for i, expected in enumerate(samples):
+        assert _equal(snap[i], expected), (i, snap[i], expected)
+    for got, expected in zip(snap, samples, strict=True):  # streaming path
+        assert _equal(got, expected), (got, expected)
+
+
+def test_decoded_arrays_are_writable(backend: Backend) -> None:
+    store = _create(backend)
+    store.append([{"a": np.zeros(3)}])
+    arr = store.snapshot()[0]["a"]
+    arr[0] = 1.0
+    assert arr[0] == 1.0
+
+
+@pytest.mark.parametrize(
+    ("bad", "pattern"),
+    [
+        ({"id": 1, "obj": object()}, r"sample 2, key 'obj'.*object"),
+        ({1: "x"}, r"sample 2: key 1 is not a str"),
+        ({"nested": {"ok": {2: 3}}}, r"sample 2, key 'nested'.*key 2"),
+        ({"t": (1, 2)}, r"sample 2, key 't'.*tuple"),
+        ({"huge": 2**70}, r"sample 2, key 'huge'.*64 bits"),
+        ({"arr": np.array(["a", "b"])}, r"sample 2, key 'arr'.*not numeric"),
+        ({"arr": np.array([object()])}, r"sample 2, key 'arr'"),
+        ("not a dict", r"sample 2: expected a dict"),
+        ({"deep": [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]},
+         r"sample 2, key 'deep'.*deeper"),
+        ({"set": {1, 2}}, r"sample 2, key 'set'"),
+        ({"ba": bytearray(b"x")}, r"sample 2, key 'ba'"),
+    ],
+)
+def test_unencodable_sample_names_it_and_changes_nothing(
+    backend: Backend, bad: Any, pattern: str
+) -> None:
+    store = _create(backend, chunk_bytes=1024)
+    store.append([{"id": 0, "pad": b"x" * 600}])
+    before_files = sorted(f.key for f in store.storage.list(""))
+
+    def samples() -> Any:
+        yield {"id": 0, "pad": b"y" * 600}
+        yield {"id": 1, "pad": b"z" * 600}  # fills a chunk, which gets written
+        yield bad
+        yield {"id": 3}
+
+    with pytest.raises(EncodeError, match=pattern):
+        store.append(samples())
+    assert store.version == 1
+    assert len(store.snapshot()) == 1
+    after_files = sorted(f.key for f in store.storage.list("") if ".lock" not in f.key)
+    assert after_files == [k for k in before_files if ".lock" not in k]
+
+
+def test_snapshot_isolation(backend: Backend) -> None:
+    store = _create(backend)
+    store.append([{"i": i} for i in range(10)])
+    pinned = store.snapshot()
+    store.append([{"i": i} for i in range(10, 15)])
+    assert len(pinned) == 10 and pinned.version == 1
+    assert [s["i"] for s in pinned] == list(range(10))
+    latest = store.snapshot()
+    assert len(latest) == 15 and [s["i"] for s in latest][-1] == 14
+    assert [s["i"] for s in store.snapshot(1)] == list(range(10))
+    assert len(store.snapshot(0)) == 0
+
+
+def test_sequence_protocol(backend: Backend) -> None:
+    store = _create(backend, chunk_bytes=4096, block_bytes=512)
+    n = 2000
+    store.append({"i": i, "pad": bytes(i % 50)} for i in range(n))
+    snap = store.snapshot()
+    assert len(snap) == n
+    assert len(snap.chunks()) > 5  # the small chunk size really split the data
+    for i in [0, 1, 511, 999, n - 1, -1, -n]:
+        assert snap[i]["i"] == (i % n)
+    assert [s["i"] for s in snap[10:20:3]] == [10, 13, 16, 19]
+    for i in [n, -n - 1, 10**9]:
+        with pytest.raises(IndexError):
+            snap[i]
+    assert [s["i"] for s in snap] == list(range(n))
+
+
+def test_appends_across_commits_keep_order(backend: Backend) -> None:
+    store = _create(backend, chunk_bytes=2048)
+    expected: list[int] = []
+    for c in range(12):
+        batch = list(range(c * 37, c * 37 + 1 + c * 5))
+        store.append({"v": v, "pad": b"p" * 100} for v in batch)
+        expected += batch
+    snap = store.snapshot()
+    assert [s["v"] for s in snap] == expected
+    assert [snap[i]["v"] for i in range(len(snap))] == expected
+
+
+def test_log_is_newest_first(backend: Backend) -> None:
+    store = _create(backend)
+    store.append([{"a": 1}], message="one")
+    store.append([{"a": 2}, {"a": 3}], message="two")
+    log = store.log()
+    assert [c.version for c in log] == [2, 1, 0]
+    assert [c.num_samples for c in log] == [2, 1, 0]
+    assert [c.total_samples for c in log] == [3, 1, 0]
+    assert [c.message for c in log][:2] == ["two", "one"]
+    assert log[0].timestamp >= log[1].timestamp
+    assert [c.version for c in store.log(limit=2)] == [2, 1]
+
+
+def test_create_and_open_errors(backend: Backend) -> None:
+    with pytest.raises(StoreNotFoundError):
+        txstore.open(backend.uri, **backend.kwargs())
+    _create(backend)
+    with pytest.raises(StoreExistsError):
+        _create(backend)
+    store = txstore.open(backend.uri, **backend.kwargs())
+    assert len(store.snapshot()) == 0
+    with pytest.raises(VersionNotFoundError, match="version 7"):
+        store.snapshot(7)
+    with pytest.raises(VersionNotFoundError):
+        store.snapshot(-1)
+    assert issubclass(VersionNotFoundError, TxstoreError)
+
+
+def test_empty_append_commits_a_version(backend: Backend) -> None:
+    store = _create(backend)
+    commit = store.append([])
+    assert commit.version == 1 and commit.num_samples == 0
+    assert len(store.snapshot()) == 0
+
+
+def test_chunk_size_is_respected(backend: Backend) -> None:
+    store = _create(backend, chunk_bytes="64KiB", compression=None)
+    store.append({"b": bytes(1000)} for _ in range(1000))
+    chunks = store.snapshot().chunks()
+    sizes = [c.size for c in chunks]
+    assert all(s < 64 * 1024 + 8 * 1024 for s in sizes), sizes
+    assert all(s > 60 * 1024 for s in sizes[:-1]), sizes
+
+
+def test_compression_shrinks_compressible_data(backend: Backend) -> None:
+    text = ("the quick brown fox " * 200).encode()
+    raw = _create(Backend(backend.name, backend.uri + "-raw", backend.storage_options),
+                  compression=None)
+    packed = _create(backend)
+    for store in (raw, packed):
+        store.append({"t": text} for _ in range(200))
+    raw_size = sum(c.size for c in raw.snapshot().chunks())
+    packed_size = sum(c.size for c in packed.snapshot().chunks())
+    assert packed_size * 10 < raw_size
+    assert packed.snapshot()[123]["t"] == text
+
+
+def test_txn_id_commits_once(backend: Backend) -> None:
+    store = _create(backend)
+    first = store.append([{"a": 1}], txn_id="shard-1")
+    store.append([{"a": 2}])
+    again = store.append([{"a": 1}], txn_id="shard-1")
+    assert again.version == first.version == 1
+    assert len(store.snapshot()) == 2
+    assert store.version == 2

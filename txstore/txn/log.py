@@ -133,8 +133,8 @@ class VersionLog:
                 except CorruptError:
                     self.storage.write(HEAD_KEY, data)  # garbage: replace it
                     return
-                if hint >= version:
-                    return
+                if hint == version or (hint > version and self._exists(hint)):
+                    return  # a HEAD naming a version that does not exist is garbage
                 self.storage.compare_and_swap(HEAD_KEY, data, token)
                 return
             except ConflictError:

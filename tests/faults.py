@@ -24,7 +24,11 @@ class InjectedFault(StorageError):
 
 class FaultyStorage(Storage):
     def __init__(
-        self, inner: Storage, *, fail_at: int | None = None, mode: str = "before",
+        self,
+        inner: Storage,
+        *,
+        fail_at: int | None = None,
+        mode: str = "before",
         only: frozenset[str] | None = None,
     ) -> None:
         if mode not in MODES:
@@ -51,7 +55,7 @@ class FaultyStorage(Storage):
         if self.mode == "before":
             raise InjectedFault(f"injected fault before {op} {key}")
         try:
-            result = fn()
+            fn()
         finally:  # a call that fails on its own (NotFound) still counts as done
             if self.mode == "kill_after":
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -75,8 +79,7 @@ class FaultyStorage(Storage):
         return self._call("read_with_token", key, lambda: self.inner.read_with_token(key))
 
     def compare_and_swap(self, key: str, data: bytes, token: str | None) -> None:
-        self._call("compare_and_swap", key,
-                   lambda: self.inner.compare_and_swap(key, data, token))
+        self._call("compare_and_swap", key, lambda: self.inner.compare_and_swap(key, data, token))
 
     def exists(self, key: str) -> bool:
         return self._call("exists", key, lambda: self.inner.exists(key))

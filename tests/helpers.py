@@ -17,7 +17,11 @@ def run_child(*args: str, timeout: float = 180) -> list[dict[str, Any]]:
     """Run tests/child.py in a fresh interpreter; its JSON lines, parsed."""
     proc = subprocess.run(
         [sys.executable, "-m", "tests.child", *args],
-        cwd=REPO, capture_output=True, text=True, timeout=timeout, check=False,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
     )
     if proc.returncode not in (0, -9):
         raise AssertionError(f"child failed ({proc.returncode}): {proc.stderr[-3000:]}")

@@ -19,9 +19,20 @@ def test_racing_processes_all_land_exactly_once(shared_backend: Backend) -> None
     options = json.dumps(shared_backend.storage_options or {})
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "tests.child", "append-many", shared_backend.uri, options,
-             str(w), str(appends)],
-            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            [
+                sys.executable,
+                "-m",
+                "tests.child",
+                "append-many",
+                shared_backend.uri,
+                options,
+                str(w),
+                str(appends),
+            ],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         for w in range(writers)
     ]

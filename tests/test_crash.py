@@ -14,8 +14,8 @@ import txstore
 from txstore.errors import CommitStateUnknownError, StorageError
 from txstore.storage import open_storage
 
-from .conftest import Backend
 from .child import batch
+from .conftest import Backend
 from .faults import FaultyStorage
 from .helpers import check_history, run_child
 
@@ -62,8 +62,7 @@ def test_fault_at_every_step_in_process(backend: Backend, mode: str) -> None:
     for k in range(1, steps + 1):
         case = Backend(backend.name, f"{backend.uri}-{mode}-{k}", backend.storage_options)
         _base_store(case)
-        storage = FaultyStorage(open_storage(case.uri, case.storage_options),
-                                fail_at=k, mode=mode)
+        storage = FaultyStorage(open_storage(case.uri, case.storage_options), fail_at=k, mode=mode)
         tag = f"t{k}"
         landed: bool | None
         try:
@@ -78,14 +77,16 @@ def test_fault_at_every_step_in_process(backend: Backend, mode: str) -> None:
 
 @pytest.mark.parametrize("mode", ["kill_before", "kill_after"])
 def test_sigkill_at_every_step(shared_backend: Backend, mode: str) -> None:
-    probe = Backend(shared_backend.name, shared_backend.uri + "-probe",
-                    shared_backend.storage_options)
+    probe = Backend(
+        shared_backend.name, shared_backend.uri + "-probe", shared_backend.storage_options
+    )
     steps = _steps(probe)
     options = json.dumps(shared_backend.storage_options or {})
     killed = 0
     for k in range(1, steps + 1):
-        case = Backend(shared_backend.name, f"{shared_backend.uri}-{mode}-{k}",
-                       shared_backend.storage_options)
+        case = Backend(
+            shared_backend.name, f"{shared_backend.uri}-{mode}-{k}", shared_backend.storage_options
+        )
         _base_store(case)
         out = run_child("append-with-fault", case.uri, options, f"t{k}", str(k), mode)
         assert out == [], f"step {k}: the writer was not killed: {out}"

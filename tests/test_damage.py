@@ -32,9 +32,15 @@ def _reopen(backend: Backend) -> txstore.Store:
     return txstore.open(backend.uri, **backend.kwargs())
 
 
-@pytest.mark.parametrize("head", [b"\x00garbage", b'{"format": "txstore"}', b"",
-                                  b'{"type":"head","format":"txstore","format_version":[1,0],'
-                                  b'"version":999}'])
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"\x00garbage",
+        b'{"format": "txstore"}',
+        b"",
+        b'{"type":"head","format":"txstore","format_version":[1,0],"version":999}',
+    ],
+)
 def test_bad_head_never_loses_a_version(backend: Backend, head: bytes) -> None:
     _, raw = _store(backend)
     if head:
@@ -87,8 +93,10 @@ def test_garbage_manifest_is_reported_and_older_versions_stay(backend: Backend) 
 
 def test_foreign_manifest_is_refused(backend: Backend) -> None:
     _, raw = _store(backend)
-    litdata_index = {"chunks": [{"filename": "chunk-0-0.bin", "chunk_size": 10}],
-                     "config": {"compression": None}}
+    litdata_index = {
+        "chunks": [{"filename": "chunk-0-0.bin", "chunk_size": 10}],
+        "config": {"compression": None},
+    }
     raw.write(manifest_key(3), json.dumps(litdata_index).encode())
     with pytest.raises(CorruptError, match="not a txstore document"):
         _reopen(backend).snapshot(3)
@@ -107,8 +115,18 @@ def test_newer_minor_format_with_new_fields_reads(backend: Backend) -> None:
     assert len(_reopen(backend).snapshot(4)) == 40
 
 
-@pytest.mark.parametrize("path", ["../../etc/passwd", "/etc/passwd", "s3://other/x",
-                                  "segments/../../x", "a//b", "", "segments/./x"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "../../etc/passwd",
+        "/etc/passwd",
+        "s3://other/x",
+        "segments/../../x",
+        "a//b",
+        "",
+        "segments/./x",
+    ],
+)
 def test_paths_outside_the_store_are_never_followed(backend: Backend, path: str) -> None:
     _, raw = _store(backend)
     _rewrite_manifest(raw, 5, lambda d: d["segments"][0].update(path=path))

@@ -28,8 +28,9 @@ def test_commit_reads_constant_metadata_as_history_grows() -> None:
     # A binary counter of segments: O(log chunks) of them, not one per commit or chunk.
     assert len(manifest.segments) <= math.log2(chunks) + chunks / MAX_SEGMENT_CHUNKS + 1
     calls = _append_calls(storage)
-    manifests_read = {int(m) for op, key in calls if op == "read"
-                      for m in re.findall(r"index\.v(\d+)\.json", key)}
+    manifests_read = {
+        int(m) for op, key in calls if op == "read" for m in re.findall(r"index\.v(\d+)\.json", key)
+    }
     assert manifests_read <= {1500, 1501}  # never walks back through history
     assert len(calls) < 40, calls
     assert sum(op == "list" for op, _ in calls) == 0

@@ -96,8 +96,10 @@ def test_decoded_arrays_are_writable(backend: Backend) -> None:
         ({"arr": np.array(["a", "b"])}, r"sample 2, key 'arr'.*not numeric"),
         ({"arr": np.array([object()])}, r"sample 2, key 'arr'"),
         ("not a dict", r"sample 2: expected a dict"),
-        ({"deep": [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]},
-         r"sample 2, key 'deep'.*deeper"),
+        (
+            {"deep": [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]},
+            r"sample 2, key 'deep'.*deeper",
+        ),
         ({"set": {1, 2}}, r"sample 2, key 'set'"),
         ({"ba": bytearray(b"x")}, r"sample 2, key 'ba'"),
     ],
@@ -210,8 +212,9 @@ def test_chunk_size_is_respected(backend: Backend) -> None:
 
 def test_compression_shrinks_compressible_data(backend: Backend) -> None:
     text = ("the quick brown fox " * 200).encode()
-    raw = _create(Backend(backend.name, backend.uri + "-raw", backend.storage_options),
-                  compression=None)
+    raw = _create(
+        Backend(backend.name, backend.uri + "-raw", backend.storage_options), compression=None
+    )
     packed = _create(backend)
     for store in (raw, packed):
         store.append({"t": text} for _ in range(200))

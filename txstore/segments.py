@@ -79,9 +79,7 @@ class Segments:
                 self._merged[key] = done
         return done
 
-    def append(
-        self, segments: tuple[SegmentRef, ...], new: SegmentRef
-    ) -> tuple[SegmentRef, ...]:
+    def append(self, segments: tuple[SegmentRef, ...], new: SegmentRef) -> tuple[SegmentRef, ...]:
         """The segment list after adding ``new``, with the newest segments merged."""
         out = [*segments, new]
         while len(out) >= 2:

@@ -113,9 +113,11 @@ class ChunkReader:
         names = layout.columns
         decoder = self.decoder
         for block in layout.footer.blocks:
-            frames = block.frames if fields is None else [
-                f for f in block.frames if names[f.column] in fields
-            ]
+            frames = (
+                block.frames
+                if fields is None
+                else [f for f in block.frames if names[f.column] in fields]
+            )
             n = block.num_samples
             columns = [decode_column(data, 0, f, n, decoder, where) for f in frames]
             sparse = any(f.flags for f in frames)
@@ -163,9 +165,7 @@ class Snapshot(Sequence[Sample]):
 
     def select(self, fields: Iterable[str]) -> Snapshot:
         """The same version, reading and decoding only ``fields``."""
-        return Snapshot(
-            self.manifest, self._storage, self._segments, self._reader, fields=fields
-        )
+        return Snapshot(self.manifest, self._storage, self._segments, self._reader, fields=fields)
 
     def __len__(self) -> int:
         return self.manifest.num_samples
@@ -180,8 +180,10 @@ class Snapshot(Sequence[Sample]):
             chunks = self._segments.read(ref, version=self.version).chunks
             starts = list(accumulate((c.num_samples for c in chunks), initial=0))
             if starts[-1] != ref.num_samples:
-                raise CorruptError(f"segment {ref.path} holds {starts[-1]} samples, "
-                                   f"its manifest says {ref.num_samples}")
+                raise CorruptError(
+                    f"segment {ref.path} holds {starts[-1]} samples, "
+                    f"its manifest says {ref.num_samples}"
+                )
             loaded = self._loaded[number] = _LoadedSegment(chunks, starts)
         return loaded
 

@@ -29,8 +29,16 @@ from .writer import ChunkWriter
 
 DEFAULT_CHUNK_BYTES = 64 * 2**20
 DEFAULT_BLOCK_BYTES = 64 * 2**10
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+}
 
 
 def parse_size(size: int | str) -> int:
@@ -239,7 +247,7 @@ def create(
     return Store(storage)
 
 
-def open(  # noqa: A001 - the natural name: txstore.open(uri)
+def open(
     uri: str | os.PathLike[str] | Storage, *, storage_options: dict[str, Any] | None = None
 ) -> Store:
     """Open an existing store; ``StoreNotFoundError`` if there is none."""

@@ -171,9 +171,7 @@ class ValueDecoder:
     """Decodes values written by ValueEncoder; thread-safe."""
 
     def __init__(self) -> None:
-        self._decoder: msgspec.msgpack.Decoder[Any] = msgspec.msgpack.Decoder(
-            ext_hook=_ext_hook
-        )
+        self._decoder: msgspec.msgpack.Decoder[Any] = msgspec.msgpack.Decoder(ext_hook=_ext_hook)
 
     def decode(self, data: bytes | memoryview) -> Any:
         return self._decoder.decode(data)

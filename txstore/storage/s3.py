@@ -143,4 +143,3 @@ class S3Storage(Storage):
             pass
         except Exception as e:
             raise StorageError(f"cannot delete {self.uri}/{key}: {e}") from e
-

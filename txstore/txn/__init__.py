@@ -3,5 +3,12 @@
 from .commit import Build, CommitResult, RetryPolicy, commit
 from .log import VersionLog, manifest_key, txn_marker_key
 
-__all__ = ["Build", "CommitResult", "RetryPolicy", "VersionLog", "commit", "manifest_key",
-           "txn_marker_key"]
+__all__ = [
+    "Build",
+    "CommitResult",
+    "RetryPolicy",
+    "VersionLog",
+    "commit",
+    "manifest_key",
+    "txn_marker_key",
+]

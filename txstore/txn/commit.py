@@ -9,6 +9,7 @@ it raises ``CommitStateUnknownError`` and leaves its data files alone.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 from collections.abc import Callable
@@ -73,7 +74,7 @@ def commit(
     build: Build,
     *,
     txn_id: str | None = None,
-    policy: RetryPolicy = RetryPolicy(),  # noqa: B008 - frozen
+    policy: RetryPolicy = RetryPolicy(),
     rng: random.Random | None = None,
 ) -> CommitResult:
     """Commit ``build(latest)`` as the next version, rebasing onto newer versions as needed."""
@@ -101,10 +102,9 @@ def commit(
                         raise
         if outcome:
             log.advance_head(manifest.version)
-            try:
-                log.ensure_marker(manifest)  # saves the next committer a write
-            except TxstoreError:
-                pass  # the next committer writes it before building on this version
+            # Saves the next committer a write; it writes the marker itself if this fails.
+            with contextlib.suppress(TxstoreError):
+                log.ensure_marker(manifest)
             return CommitResult(manifest, created=True, attempts=attempt)
         if outcome is False:  # lost the race: rebase on the new latest after a pause
             time.sleep(policy.delay(attempt, rng))

@@ -9,6 +9,7 @@ creates n+1 after it has read n.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import threading
@@ -161,8 +162,10 @@ class VersionLog:
         marker = fmt.decode(data, TxnMarker, f"{self.storage.uri}/{key}")
         found = self.read(marker.version)
         if found.txn_id != txn_id or found.commit_id != marker.commit_id:
-            raise CorruptError(f"{self.storage.uri}/{key} names version {marker.version}, "
-                               f"which is not transaction {txn_id!r}")
+            raise CorruptError(
+                f"{self.storage.uri}/{key} names version {marker.version}, "
+                f"which is not transaction {txn_id!r}"
+            )
         return found
 
     def ensure_marker(self, manifest: Manifest) -> None:
@@ -175,7 +178,5 @@ class VersionLog:
         marker = TxnMarker(
             txn_id=manifest.txn_id, version=manifest.version, commit_id=manifest.commit_id
         )
-        try:
+        with contextlib.suppress(AlreadyExistsError):  # another writer wrote the same marker
             self.storage.put_if_absent(key, fmt.encode(marker))
-        except AlreadyExistsError:
-            pass  # another writer wrote the same marker

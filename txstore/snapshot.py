@@ -99,7 +99,8 @@ class ChunkReader:
             data = self.storage.read(chunk.path)
         except NotFoundError:
             raise self._missing(chunk, version) from None
-        if len(data) != chunk.size or crc32(data) != chunk.crc32:
+        # The tail's checksum here; every frame's as it is decoded.
+        if len(data) != chunk.size or crc32(memoryview(data)[chunk.footer_offset :]) != chunk.crc32:
             raise ChecksumError(f"{self._where(chunk, version)} does not match its checksum")
         return data
 

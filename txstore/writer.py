@@ -67,11 +67,11 @@ class ChunkWriter:
         self._uploads.append(self._pool.submit(self._upload, key, built))
 
     def _upload(self, key: str, built: BuiltChunk) -> ChunkRef:
-        self._storage.write(key, built.data)
+        self._storage.write(key, built.parts)
         return ChunkRef(
             path=key,
             num_samples=built.num_samples,
-            size=len(built.data),
+            size=built.size,
             crc32=built.crc32,
             footer_offset=built.footer_offset,
         )

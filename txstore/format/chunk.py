@@ -23,7 +23,7 @@ from typing import Any
 import msgspec
 
 from ..errors import CorruptError, EncodeError, UnsupportedFormatError
-from .codec import FrameCompressor, crc32, open_frame
+from .codec import CODEC_RAW, FrameCompressor, crc32, open_frame
 from .values import ABSENT, ABSENT_BYTES, ValueDecoder, ValueEncoder
 
 CHUNK_MAGIC = b"TXSC"
@@ -59,10 +59,11 @@ class ChunkFooter(msgspec.Struct, array_like=True, frozen=True):
 
 
 class BuiltChunk(msgspec.Struct, frozen=True):
-    data: bytes
+    parts: list[bytes | memoryview]  # the file's bytes, in order; joined only if a backend must
+    size: int
     num_samples: int
     footer_offset: int
-    crc32: int
+    crc32: int  # of the file's tail: footer and trailer (frames carry their own checksums)
 
 
 def _array_header(n: int) -> bytes:
@@ -73,30 +74,62 @@ def _array_header(n: int) -> bytes:
     return b"\xdd" + n.to_bytes(4, "big")
 
 
-def encode_frame_raw(values: list[bytes]) -> bytes:
-    """Join encoded values into a frame's raw bytes: array, then a u32 start offset per value."""
-    head = _array_header(len(values))
-    starts = list(accumulate((len(v) for v in values[:-1]), initial=len(head)))
-    return b"".join((head, *values, struct.pack(f"<{len(values)}I", *starts)))
+def _bin_header(n: int) -> bytes:
+    if n < 256:
+        return b"\xc4" + n.to_bytes(1, "big")
+    if n < 65536:
+        return b"\xc5" + n.to_bytes(2, "big")
+    return b"\xc6" + n.to_bytes(4, "big")
+
+
+_BIN_HEADERS = {n: _bin_header(n) for n in range(1 << 16)}  # 0.7 MB, saves a call per value
+
+
+class _Column:
+    """One column of the open block: encoded values as parts, and each value's size."""
+
+    __slots__ = ("parts", "sizes")
+
+    def __init__(self, absent: int) -> None:
+        self.parts: list[bytes] = [ABSENT_BYTES] * absent
+        self.sizes: list[int] = [len(ABSENT_BYTES)] * absent
+
+    def raw_parts(self) -> tuple[list[bytes], int]:
+        """The frame's raw bytes as parts (array, values, offset table), and their length."""
+        head = _array_header(len(self.sizes))
+        starts = list(accumulate(self.sizes[:-1], initial=len(head)))
+        table = struct.pack(f"<{len(starts)}I", *starts)
+        return [head, *self.parts, table], len(head) + sum(self.sizes) + len(table)
+
+
+#: After this many frames of a column in a row that zstd could not shrink, try it only on
+#: every ``_PROBE_EVERY``-th frame: incompressible columns (JPEG, tokens) stop paying for it.
+_RAW_STREAK, _PROBE_EVERY = 4, 32
+#: Frames whose parts average fewer bytes than this are joined: per-part costs would dominate.
+_JOIN_BELOW = 16384
 
 
 class ChunkBuilder:
-    """Accumulates samples into one chunk; the caller decides when the chunk is full."""
+    """Accumulates samples into one chunk; the caller decides when the chunk is full.
+
+    Values are kept as the caller's ``bytes`` objects plus small headers until the chunk is
+    written, so a large ``bytes`` value is copied once: into the file.
+    """
 
     def __init__(self, *, block_bytes: int, compressor: FrameCompressor) -> None:
         self._block_limit = block_bytes
         self._compressor = compressor
-        self._encoder = ValueEncoder()
-        self._parts: list[bytes] = [HEADER.pack(CHUNK_MAGIC, CHUNK_MAJOR, CHUNK_MINOR)]
+        self._encode = ValueEncoder().encode
+        self._parts: list[bytes | memoryview] = [HEADER.pack(CHUNK_MAGIC, CHUNK_MAJOR, CHUNK_MINOR)]
         self._size = HEADER.size
-        self._crc = crc32(self._parts[0])
         self._columns: dict[str, int] = {}
         self._blocks: list[BlockIndex] = []
         self._num_samples = 0
+        self._raw_streak: dict[str, int] = {}
         self._reset_block()
 
     def _reset_block(self) -> None:
-        self._cols: dict[str, list[bytes]] = {}
+        self._cols: dict[str, _Column] = {}
         self._sparse: set[str] = set()
         self._block_n = 0
         self._block_bytes = 0
@@ -114,49 +147,82 @@ class ChunkBuilder:
         """Add one sample; on EncodeError the builder is unchanged."""
         if type(sample) is not dict:
             raise EncodeError(f"sample {position}: expected a dict, got {type(sample).__name__}")
-        encode = self._encoder.encode
-        encoded: list[tuple[str, bytes]] = []
+        # Encode every value before touching the block, so a bad value changes nothing.
+        staged: list[tuple[str, bytes, bytes | None, int]] = []
         nbytes = 0
         for key, value in sample.items():
             if type(key) is not str:
                 raise EncodeError(f"sample {position}: key {key!r} is not a str")
-            data = encode(value, position=position, key=key)
-            encoded.append((key, data))
-            nbytes += len(data)
+            if type(value) is bytes:  # the common large value: header + the caller's bytes
+                length = len(value)
+                head = _BIN_HEADERS.get(length) or _bin_header(length)
+                size = len(head) + length
+                staged.append((key, head, value, size))
+            else:
+                data = self._encode(value, position=position, key=key)
+                size = len(data)
+                staged.append((key, data, None, size))
+            nbytes += size
         cols, n = self._cols, self._block_n
-        for key, data in encoded:
+        for key, first, second, size in staged:
             col = cols.get(key)
             if col is None:
-                col = cols[key] = [ABSENT_BYTES] * n
+                col = cols[key] = _Column(n)
                 if n:
                     self._sparse.add(key)
-            col.append(data)
-        if len(cols) != len(encoded):
+            if second is None:
+                col.parts.append(first)
+            else:
+                col.parts += (first, second)
+            col.sizes.append(size)
+        if len(cols) != len(staged):
             for key, col in cols.items():
-                if len(col) == n:
-                    col.append(ABSENT_BYTES)
+                if len(col.sizes) == n:
+                    col.parts.append(ABSENT_BYTES)
+                    col.sizes.append(len(ABSENT_BYTES))
                     self._sparse.add(key)
         self._block_n = n + 1
         self._block_bytes += nbytes
         if self._block_bytes >= self._block_limit or self._block_n >= MAX_BLOCK_SAMPLES:
             self._seal_block()
 
+    def _should_compress(self, name: str) -> bool:
+        if not self._compressor.enabled:
+            return False
+        streak = self._raw_streak.get(name, 0)
+        return streak < _RAW_STREAK or streak % _PROBE_EVERY == 0
+
     def _seal_block(self) -> None:
         if not self._block_n:
             return
         frames = []
-        for name, values in self._cols.items():
+        for name, col in self._cols.items():
             column = self._columns.setdefault(name, len(self._columns))
-            raw = encode_frame_raw(values)
-            codec, stored = self._compressor.compress(raw)
-            checksum = crc32(stored)
+            parts, raw_length = col.raw_parts()
+            codec, stored = CODEC_RAW, parts
+            if self._should_compress(name):
+                codec, packed = self._compressor.compress(b"".join(parts))
+                if codec == CODEC_RAW:
+                    self._raw_streak[name] = self._raw_streak.get(name, 0) + 1
+                else:
+                    self._raw_streak[name] = 0
+                    stored = [packed]
+            else:
+                if name in self._raw_streak:
+                    self._raw_streak[name] += 1
+                if raw_length < _JOIN_BELOW * len(parts):  # many small parts: one is cheaper
+                    stored = [b"".join(parts)]
+            checksum = 0
+            length = 0
+            for part in stored:
+                checksum = crc32(part, checksum)
+                length += len(part)
             flags = FLAG_SPARSE if name in self._sparse else 0
             frames.append(
-                FrameIndex(column, self._size, len(stored), len(raw), codec, checksum, flags)
+                FrameIndex(column, self._size, length, raw_length, codec, checksum, flags)
             )
-            self._parts.append(stored)
-            self._size += len(stored)
-            self._crc = crc32(stored, self._crc)
+            self._parts.extend(stored)
+            self._size += length
         self._blocks.append(BlockIndex(self._block_n, frames))
         self._num_samples += self._block_n
         self._reset_block()
@@ -170,10 +236,12 @@ class ChunkBuilder:
         )
         trailer = TRAILER.pack(len(footer), crc32(footer), TRAILER_MAGIC)
         footer_offset = self._size
-        crc = crc32(trailer, crc32(footer, self._crc))
-        data = b"".join((*self._parts, footer, trailer))
-        self._parts = []
-        return BuiltChunk(data, self._num_samples, footer_offset, crc)
+        parts, self._parts = self._parts, []
+        parts += [footer, trailer]
+        size = footer_offset + len(footer) + len(trailer)
+        return BuiltChunk(
+            parts, size, self._num_samples, footer_offset, crc32(trailer, crc32(footer))
+        )
 
 
 class ChunkLayout:

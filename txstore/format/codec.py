@@ -34,6 +34,10 @@ class FrameCompressor:
             else None
         )
 
+    @property
+    def enabled(self) -> bool:
+        return self._zstd is not None
+
     def compress(self, raw: bytes) -> tuple[int, bytes]:
         if self._zstd is None or len(raw) < 64:
             return CODEC_RAW, raw

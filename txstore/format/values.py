@@ -160,10 +160,14 @@ class ValueEncoder:
 
     def encode(self, value: Any, *, position: int, key: str) -> bytes:
         kind = type(value)
-        if kind is not bytes and kind is not str and kind is not float:
-            why = _check(value, 1)
-            if why:
-                raise EncodeError(f"sample {position}, key {key!r}: {why}")
+        if kind is int:
+            if _INT_MIN <= value <= _INT_MAX:
+                return self._encoder.encode(value)
+        elif kind in _PLAIN:
+            return self._encoder.encode(value)
+        why = _check(value, 1)
+        if why:
+            raise EncodeError(f"sample {position}, key {key!r}: {why}")
         return self._encoder.encode(value)
 
 

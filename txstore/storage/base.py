@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
-from typing import Any, NamedTuple
+from collections.abc import Iterator, Sequence
+from typing import Any, NamedTuple, TypeAlias
+
+#: What ``Storage.write`` takes: bytes, or a sequence of buffers to store back to back (chunk
+#: writers hand over their parts so that a local write needs no joined copy).
+Data: TypeAlias = bytes | Sequence[bytes | memoryview]
+
+
+def join(data: Data) -> bytes:
+    return data if isinstance(data, bytes) else b"".join(data)
 
 
 class FileInfo(NamedTuple):
@@ -36,7 +44,7 @@ class Storage(ABC):
         """Bytes [start, end) of the object; shorter only if the object is shorter."""
 
     @abstractmethod
-    def write(self, key: str, data: bytes) -> None:
+    def write(self, key: str, data: Data) -> None:
         """Store ``data`` durably; readers see the old object or the whole new one."""
 
     @abstractmethod

@@ -20,11 +20,12 @@ from typing import Any
 import portalocker
 
 from ..errors import AlreadyExistsError, ConflictError, NotFoundError, StorageError
-from .base import FileInfo, Storage
+from .base import Data, FileInfo, Storage
 
 TEMP_PREFIX = ".tmp."
 _LOCK_NAME = ".txstore.lock"
 _MAX_OPEN_FILES = 64
+_IOV_MAX = 1024
 
 
 def _fsync_dir(path: str) -> None:
@@ -33,6 +34,22 @@ def _fsync_dir(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _write_all(fd: int, buffers: list[bytes | memoryview]) -> None:
+    """writev every buffer, resuming after short writes."""
+    pending = [memoryview(b) for b in buffers if len(b)]
+    i = 0
+    while i < len(pending):
+        written = os.writev(fd, pending[i : i + _IOV_MAX])
+        while written and i < len(pending):
+            size = len(pending[i])
+            if written >= size:
+                written -= size
+                i += 1
+            else:
+                pending[i] = pending[i][written:]
+                written = 0
 
 
 def _token(data: bytes) -> str:
@@ -58,14 +75,12 @@ class LocalStorage(Storage):
             self._made_dirs.add(parent)
         return parent
 
-    def _write_temp(self, path: str, data: bytes) -> str:
+    def _write_temp(self, path: str, data: Data) -> str:
         parent = self._parent(path)
         tmp = os.path.join(parent, f"{TEMP_PREFIX}{uuid.uuid4().hex}.{os.path.basename(path)}")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            _write_all(fd, [data] if isinstance(data, bytes) else list(data))
             os.fsync(fd)
         except BaseException:
             os.close(fd)
@@ -107,7 +122,7 @@ class LocalStorage(Storage):
         except OSError as e:
             raise StorageError(f"cannot read {self.root}/{key}: {e}") from e
 
-    def write(self, key: str, data: bytes) -> None:
+    def write(self, key: str, data: Data) -> None:
         path = self._path(key)
         try:
             tmp = self._write_temp(path, data)

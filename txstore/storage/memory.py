@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..errors import AlreadyExistsError, ConflictError, NotFoundError
-from .base import FileInfo, Storage
+from .base import Data, FileInfo, Storage, join
 
 # Named memory stores live for the process, so "memory://name" opens what create() made.
 _Entry = tuple[bytes, float, int]  # data, mtime, generation (the CAS token)
@@ -50,9 +50,10 @@ class MemoryStorage(Storage):
         with self._lock:
             return self._get(key)[start:end]
 
-    def write(self, key: str, data: bytes) -> None:
+    def write(self, key: str, data: Data) -> None:
+        blob = join(data)
         with self._lock:
-            self._objects[key] = (bytes(data), time.time(), next(_generation))
+            self._objects[key] = (blob, time.time(), next(_generation))
 
     def put_if_absent(self, key: str, data: bytes) -> None:
         with self._lock:

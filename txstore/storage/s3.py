@@ -15,7 +15,7 @@ import s3fs
 from fsspec.asyn import sync
 
 from ..errors import AlreadyExistsError, ConflictError, NotFoundError, StorageError
-from .base import FileInfo, Storage
+from .base import Data, FileInfo, Storage, join
 
 
 def _http_status(exc: BaseException) -> int | None:
@@ -66,9 +66,9 @@ class S3Storage(Storage):
             raise self._fail("read", key, e) from e
         return data
 
-    def write(self, key: str, data: bytes) -> None:
+    def write(self, key: str, data: Data) -> None:
         try:
-            self._fs.pipe_file(self._path(key), data)
+            self._fs.pipe_file(self._path(key), join(data))
         except Exception as e:
             raise self._fail("write", key, e) from e
 

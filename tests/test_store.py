@@ -232,3 +232,21 @@ def test_txn_id_commits_once(backend: Backend) -> None:
     assert again.version == first.version == 1
     assert len(store.snapshot()) == 2
     assert store.version == 2
+
+
+def test_append_streams_without_holding_the_data(tmp_path: Any) -> None:
+    import tracemalloc
+
+    store = txstore.create(str(tmp_path / "s"), chunk_bytes="4MiB")
+    total = 160 * 2**20
+
+    def samples() -> Any:
+        for i in range(total // 65536):
+            yield {"i": i, "blob": i.to_bytes(8, "little") * 8192}  # 64 KiB, fresh each time
+
+    tracemalloc.start()
+    store.append(samples())
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert len(store.snapshot()) == total // 65536
+    assert peak < 8 * 4 * 2**20, f"peak {peak / 2**20:.0f} MiB for a {total / 2**20:.0f} MiB append"

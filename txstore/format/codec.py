@@ -43,7 +43,8 @@ class FrameCompressor:
             return CODEC_RAW, raw
         packed = self._zstd.compress(raw)
         if len(packed) <= len(raw) - (len(raw) >> _MIN_SAVING_SHIFT):
-            return CODEC_ZSTD, packed
+            # The result keeps its compress-bound allocation; an exact-size copy frees it.
+            return CODEC_ZSTD, bytes(memoryview(packed)) if len(packed) < len(raw) // 2 else packed
         return CODEC_RAW, raw
 
 

@@ -21,6 +21,16 @@ from .store import Commit, Store, create, open
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str) -> object:
+    # The torch faces load torch only when asked for: torch is an optional extra.
+    if name in ("StreamingDataset", "StreamingDataLoader"):
+        from . import torch as _torch
+
+        return getattr(_torch, name)
+    raise AttributeError(f"module 'txstore' has no attribute {name!r}")
+
+
 __all__ = [
     "AlreadyExistsError",
     "ChecksumError",
@@ -36,6 +46,8 @@ __all__ = [
     "Store",
     "StoreExistsError",
     "StoreNotFoundError",
+    "StreamingDataLoader",
+    "StreamingDataset",
     "TxstoreError",
     "UnsupportedFormatError",
     "VersionNotFoundError",

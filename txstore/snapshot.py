@@ -12,6 +12,7 @@ from itertools import accumulate
 from typing import Any, overload
 
 from .errors import ChecksumError, CorruptError, MissingDataError, NotFoundError
+from .format import manifest as fmt
 from .format.chunk import (
     ChunkLayout,
     assemble,
@@ -25,7 +26,7 @@ from .format.codec import crc32
 from .format.manifest import ChunkRef, Manifest
 from .format.values import ABSENT, ValueDecoder
 from .segments import Segments
-from .storage import Storage
+from .storage import Storage, open_storage
 
 Sample = dict[str, Any]
 _LAYOUT_CACHE = 1024
@@ -105,15 +106,27 @@ class ChunkReader:
         return data
 
     def samples(
-        self, data: bytes, chunk: ChunkRef, version: int, fields: frozenset[str] | None
+        self,
+        data: bytes,
+        chunk: ChunkRef,
+        version: int,
+        fields: frozenset[str] | None,
+        start: int = 0,
+        stop: int | None = None,
     ) -> Iterator[Sample]:
-        """Every sample of a chunk read whole, block by block."""
+        """Samples [start, stop) of a chunk read whole, decoding only the blocks they are in."""
         where = self._where(chunk, version)
         check_header(data, where)
         layout = parse_footer(memoryview(data)[chunk.footer_offset :], where)
         names = layout.columns
         decoder = self.decoder
-        for block in layout.footer.blocks:
+        stop = layout.footer.num_samples if stop is None else stop
+        first = layout.locate(start)[0] if start else 0
+        for number in range(first, len(layout.footer.blocks)):
+            block_start = layout.block_starts[number]
+            if block_start >= stop:
+                return
+            block = layout.footer.blocks[number]
             frames = (
                 block.frames
                 if fields is None
@@ -122,7 +135,10 @@ class ChunkReader:
             n = block.num_samples
             columns = [decode_column(data, 0, f, n, decoder, where) for f in frames]
             sparse = any(f.flags for f in frames)
-            yield from assemble([names[f.column] for f in frames], columns, sparse, n)
+            rows = assemble([names[f.column] for f in frames], columns, sparse, n)
+            if block_start < start or block_start + n > stop:
+                rows = rows[max(0, start - block_start) : stop - block_start]
+            yield from rows
 
 
 class Snapshot(Sequence[Sample]):
@@ -151,9 +167,29 @@ class Snapshot(Sequence[Sample]):
         )
         self._loaded: dict[int, _LoadedSegment] = {}
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Crosses into DataLoader workers as storage (URI + options) and manifest bytes; the
+        # worker builds fresh caches and file handles of its own.
+        return (_rebuild, (self._storage, fmt.encode(self.manifest), self._fields))
+
+    def reopen(self) -> Snapshot:
+        """The same version through a new storage client, with empty caches.
+
+        For forked processes: s3fs clients, open files and locks do not survive a fork.
+        """
+        storage = open_storage(self._storage.uri, self._storage.storage_options or None)
+        return Snapshot(
+            self.manifest, storage, Segments(storage), ChunkReader(storage), fields=self._fields
+        )
+
     @property
     def version(self) -> int:
         return self.manifest.version
+
+    @property
+    def identity(self) -> tuple[str, int, str]:
+        """(store URI, version, commit id): what a checkpoint records to find this again."""
+        return (self.uri, self.version, self.manifest.commit_id)
 
     @property
     def uri(self) -> str:
@@ -228,3 +264,8 @@ class Snapshot(Sequence[Sample]):
                 if i + 1 < len(chunks):
                     ahead = pool.submit(reader.read_whole, chunks[i + 1], version)
                 yield from reader.samples(data, chunk, version, self._fields)
+
+
+def _rebuild(storage: Storage, manifest: bytes, fields: frozenset[str] | None) -> Snapshot:
+    decoded = fmt.decode(manifest, Manifest, f"{storage.uri} (pickled snapshot)")
+    return Snapshot(decoded, storage, Segments(storage), ChunkReader(storage), fields=fields)

@@ -1,0 +1,275 @@
+"""StreamingDataset and StreamingDataLoader through real DataLoaders with worker processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import txstore
+
+torch = pytest.importorskip("torch")
+
+from txstore.torch import (  # noqa: E402
+    ResumeMismatchError,
+    StreamingDataLoader,
+    StreamingDataset,
+)
+
+from .conftest import Backend, make_backend  # noqa: E402
+from .helpers import REPO  # noqa: E402
+
+N = 1000
+
+
+def _store(uri: str, n: int = N, **kw: Any) -> txstore.Store:
+    store = txstore.create(uri, chunk_bytes=4096, block_bytes=512, **kw)
+    for start in range(0, n, 300):  # several commits, many chunks of uneven sizes
+        store.append({"id": i, "pad": bytes(i % 40)} for i in range(start, min(n, start + 300)))
+    return store
+
+
+def _ids(loader: Any) -> list[int]:
+    return [int(i) for batch in loader for i in batch["id"]]
+
+
+@pytest.mark.parametrize("workers", [0, 1, 2])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_every_sample_exactly_once(tmp_path: Path, workers: int, shuffle: bool) -> None:
+    store = _store(str(tmp_path / "s"))
+    ds = StreamingDataset(store.snapshot(), shuffle=shuffle, seed=3)
+    ids = _ids(StreamingDataLoader(ds, batch_size=16, num_workers=workers))
+    assert sorted(ids) == list(range(N))
+    if not shuffle and workers <= 1:
+        assert ids == list(range(N))  # the snapshot's order
+    if shuffle:
+        assert ids != list(range(N))
+
+
+def test_shuffle_is_deterministic_and_changes_by_epoch(tmp_path: Path) -> None:
+    store = _store(str(tmp_path / "s"))
+
+    def epoch_ids(epoch: int, seed: int = 7) -> list[int]:
+        ds = StreamingDataset(store.snapshot(), shuffle=True, seed=seed)
+        ds.set_epoch(epoch)
+        return _ids(StreamingDataLoader(ds, batch_size=10, num_workers=2))
+
+    first = epoch_ids(0)
+    assert epoch_ids(0) == first  # another run, same order
+    assert epoch_ids(1) != first and sorted(epoch_ids(1)) == sorted(first)
+    assert epoch_ids(0, seed=8) != first
+    # Mixing across the snapshot: the first 100 samples come from all over it.
+    assert max(first[:100]) - min(first[:100]) > N // 3
+
+
+def test_order_is_the_same_in_another_process(tmp_path: Path) -> None:
+    store = _store(str(tmp_path / "s"))
+    ds = StreamingDataset(store.snapshot(), shuffle=True, seed=11)
+    here = [int(s["id"]) for s in ds]
+    code = (
+        "import txstore, json; from txstore.torch import StreamingDataset as D;"
+        f"d=D(txstore.open({str(tmp_path / 's')!r}).snapshot({store.version}),"
+        "shuffle=True, seed=11); print(json.dumps([s['id'] for s in d]))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONHASHSEED": "123"},
+    )
+    assert json.loads(out.stdout) == here
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resume_mid_epoch_skips_and_repeats_nothing(tmp_path: Path, workers: int) -> None:
+    store = _store(str(tmp_path / "s"))
+    ds = StreamingDataset(store.snapshot(), shuffle=True, seed=5)
+    ds.set_epoch(2)
+    loader = StreamingDataLoader(ds, batch_size=8, num_workers=workers)
+    full = _ids(StreamingDataLoader(ds, batch_size=8, num_workers=workers))
+    seen: list[int] = []
+    for k, batch in enumerate(loader):
+        seen += [int(i) for i in batch["id"]]
+        if k == 37:
+            state = json.loads(json.dumps(loader.state_dict()))  # as a checkpoint would
+            break
+    ds2 = StreamingDataset(
+        txstore.open(str(tmp_path / "s")).snapshot(store.version), shuffle=True, seed=0
+    )
+    loader2 = StreamingDataLoader(ds2, batch_size=8, num_workers=workers)
+    loader2.load_state_dict(state)
+    rest = _ids(loader2)
+    assert sorted(seen + rest) == list(range(N))
+    assert len(seen) == 38 * 8
+    assert Counter(seen + rest) == Counter(full)
+    # The next epoch starts from the beginning again.
+    assert sorted(_ids(loader2)) == list(range(N))
+
+
+def test_resume_refuses_another_version(tmp_path: Path) -> None:
+    store = _store(str(tmp_path / "s"))
+    loader = StreamingDataLoader(StreamingDataset(store.snapshot(2)), batch_size=4)
+    state = loader.state_dict()
+    other = StreamingDataLoader(StreamingDataset(store.snapshot(3)), batch_size=4)
+    with pytest.raises(ResumeMismatchError, match="version 2"):
+        other.load_state_dict(state)
+    other.load_state_dict(state, allow_other_version=True)
+    two_workers = StreamingDataLoader(
+        StreamingDataset(store.snapshot(2)), batch_size=4, num_workers=2
+    )
+    with pytest.raises(ResumeMismatchError, match="num_workers"):
+        two_workers.load_state_dict(state)
+
+
+def test_map_style_and_transform(tmp_path: Path) -> None:
+    store = _store(str(tmp_path / "s"))
+    ds = StreamingDataset(str(tmp_path / "s"), version=2, transform=lambda s: s["id"] * 2)
+    assert len(ds) == 600 == len(store.snapshot(2))
+    assert ds[0] == 0 and ds[599] == 1198 and ds[-1] == 1198
+    assert sorted(ds) == [2 * i for i in range(600)]
+
+
+def test_fields_projection(tmp_path: Path) -> None:
+    _store(str(tmp_path / "s"))
+    ds = StreamingDataset(str(tmp_path / "s"), fields=["id"])
+    assert all(set(s) == {"id"} for s in ds)
+    assert set(ds[5]) == {"id"}
+
+
+def test_drop_last_and_padding_keep_ranks_equal(tmp_path: Path) -> None:
+    _store(str(tmp_path / "s"), n=1001)
+    for drop_last, per_rank in [(False, 334), (True, 333)]:
+        counts, everything = [], []
+        for rank in range(3):
+            ds = StreamingDataset(str(tmp_path / "s"), shuffle=True, drop_last=drop_last)
+            ds.set_distributed(rank, 3)
+            ids = _ids(StreamingDataLoader(ds, batch_size=10, num_workers=2))
+            counts.append(len(ids))
+            everything += ids
+            assert len(ds) == per_rank
+        assert counts == [per_rank] * 3
+        if drop_last:
+            assert len(set(everything)) == len(everything) == 999
+        else:
+            assert set(everything) == set(range(1001))
+            assert len(everything) == 1002  # one sample repeated to even out the ranks
+
+
+DIST_SCRIPT = """
+import json, sys, torch.distributed as dist, txstore
+from txstore.torch import StreamingDataset, StreamingDataLoader
+rank, world, init = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+ds = StreamingDataset(sys.argv[4], shuffle=True, seed=1)
+ids = [int(i) for b in StreamingDataLoader(ds, batch_size=5, num_workers=2) for i in b["id"]]
+gathered = [None] * world
+dist.all_gather_object(gathered, ids)
+if rank == 0:
+    print(json.dumps(gathered))
+dist.destroy_process_group()
+"""
+
+
+def test_two_process_torch_distributed(tmp_path: Path) -> None:
+    _store(str(tmp_path / "s"))
+    init = f"file://{tmp_path / 'rendezvous'}"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", DIST_SCRIPT, str(r), "2", init, str(tmp_path / "s")],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+        )
+        for r in range(2)
+    ]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
+    ranks = json.loads(outs[0][0])
+    assert len(ranks[0]) == len(ranks[1]) == N // 2
+    assert not set(ranks[0]) & set(ranks[1])
+    assert sorted(ranks[0] + ranks[1]) == list(range(N))
+
+
+@pytest.fixture
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    return make_backend("s3", tmp_path, request)
+
+
+def test_snapshot_on_s3(backend: Backend, tmp_path: Path) -> None:
+    store = txstore.create(backend.uri, chunk_bytes=4096, **backend.kwargs())
+    store.append({"id": i, "pad": bytes(100)} for i in range(500))
+    cache = tmp_path / "cache"
+    ds = StreamingDataset(
+        backend.uri,
+        storage_options=backend.storage_options,
+        shuffle=True,
+        cache_dir=str(cache),
+        max_cache_size=10**9,
+    )
+    assert sorted(_ids(StreamingDataLoader(ds, batch_size=10, num_workers=2))) == list(range(500))
+    cached = {p.name for p in cache.iterdir()}
+    assert len(cached) == len(store.snapshot().chunks())
+    # A later version reuses every chunk it shares with the first from the cache.
+    store.append({"id": i, "pad": bytes(100)} for i in range(500, 520))
+    ds2 = StreamingDataset(
+        backend.uri,
+        storage_options=backend.storage_options,
+        cache_dir=str(cache),
+        max_cache_size=10**9,
+    )
+    assert sorted(_ids(StreamingDataLoader(ds2, batch_size=10))) == list(range(520))
+    assert cached < {p.name for p in cache.iterdir()}
+
+
+def test_cache_is_bounded(backend: Backend, tmp_path: Path) -> None:
+    store = txstore.create(backend.uri, chunk_bytes=4096, **backend.kwargs())
+    store.append({"id": i, "pad": bytes(100)} for i in range(2000))
+    cache = tmp_path / "cache"
+    ds = StreamingDataset(
+        backend.uri,
+        storage_options=backend.storage_options,
+        cache_dir=str(cache),
+        max_cache_size=20_000,
+    )
+    assert sorted(s["id"] for s in ds) == list(range(2000))
+    assert sum(p.stat().st_size for p in cache.iterdir()) <= 20_000 + 2 * 4096 * 2
+
+
+def test_reads_while_another_process_appends(tmp_path: Path) -> None:
+    store = _store(str(tmp_path / "s"))
+    pinned = store.snapshot()
+    appender = subprocess.Popen(
+        [sys.executable, "-m", "tests.child", "append-many", str(tmp_path / "s"), "{}", "9", "40"],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        for epoch in range(3):
+            ds = StreamingDataset(pinned, shuffle=True)
+            ds.set_epoch(epoch)
+            assert sorted(_ids(StreamingDataLoader(ds, batch_size=32, num_workers=2))) == list(
+                range(N)
+            )
+    finally:
+        _, err = appender.communicate(timeout=300)
+    assert appender.returncode == 0, err
+    assert txstore.open(str(tmp_path / "s")).version == pinned.version + 40
+
+
+def test_missing_chunk_raises_not_hangs(tmp_path: Path) -> None:
+    store = _store(str(tmp_path / "s"))
+    victim = store.snapshot().chunks()[3]
+    os.unlink(tmp_path / "s" / victim.path)
+    ds = StreamingDataset(store.snapshot())
+    with pytest.raises(txstore.MissingDataError, match=rf"{victim.path}.*version 4"):
+        _ids(StreamingDataLoader(ds, batch_size=8, num_workers=2, timeout=120))

@@ -1,0 +1,471 @@
+"""PyTorch datasets over one pinned Snapshot: exactly once per epoch, deterministic, resumable.
+
+How an epoch is laid out (a pure function of the snapshot, seed, epoch, world size and number
+of workers, so every machine and every run agrees):
+
+1. The snapshot's chunks are put in an order: their commit order, or a permutation drawn from
+   (seed, epoch) when shuffling. Concatenated, they are one sequence of N sample positions.
+2. Each rank takes an equal, contiguous share of that sequence. When N does not divide, the
+   default repeats positions from the start so every rank has ceil(N / world) samples (DDP needs
+   equal counts); ``drop_last=True`` drops the tail instead (floor(N / world)).
+3. Each DataLoader worker takes a contiguous part of its rank's share, so it reads whole chunks
+   sequentially, and shuffles samples within windows of ``shuffle_window`` consecutive chunks.
+
+Resuming: ``StreamingDataLoader`` counts the samples each worker has delivered; a loaded
+``state_dict`` makes each worker skip exactly those, so nothing repeats and nothing is lost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import shutil
+import tempfile
+import threading
+import uuid
+from bisect import bisect_right
+from collections.abc import Callable, Generator, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from itertools import accumulate
+from typing import Any
+
+import torch.distributed as dist
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torch.utils.data._utils.collate import default_collate, default_convert
+
+from .errors import TxstoreError
+from .format.manifest import ChunkRef
+from .snapshot import Sample, Snapshot
+from .storage import LocalStorage, MemoryStorage
+from .store import open as open_store
+
+STATE_FORMAT = 1
+
+
+class ResumeMismatchError(TxstoreError):
+    """A saved loader state belongs to another snapshot or another layout of the epoch."""
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Samples [start, stop) of chunk number ``chunk`` of the snapshot."""
+
+    chunk: int
+    start: int
+    stop: int
+
+
+def _chunk_order(sizes: list[int], shuffle: bool, seed: int, epoch: int) -> list[int]:
+    order = list(range(len(sizes)))
+    if shuffle:
+        random.Random(f"txstore/chunks/{seed}/{epoch}").shuffle(order)
+    return order
+
+
+def _pieces(sizes: list[int], order: list[int], first: int, stop: int) -> list[Piece]:
+    """Positions [first, stop) of the chunks concatenated in ``order``, as chunk pieces.
+
+    Positions past the end wrap around to the start: the repetition that evens out ranks.
+    """
+    total = sum(sizes)
+    starts = list(accumulate((sizes[c] for c in order), initial=0))
+    out: list[Piece] = []
+    position = first
+    while position < stop:
+        lap_base = position - position % total
+        offset, end = position - lap_base, min(stop - lap_base, total)
+        k = bisect_right(starts, offset) - 1
+        while offset < end:
+            if sizes[order[k]]:
+                take = min(end, starts[k + 1]) - offset
+                out.append(Piece(order[k], offset - starts[k], offset - starts[k] + take))
+                offset += take
+            k += 1
+        position = lap_base + end
+    return out
+
+
+def plan_worker(
+    sizes: list[int],
+    *,
+    shuffle: bool,
+    seed: int,
+    epoch: int,
+    rank: int,
+    world_size: int,
+    worker: int,
+    num_workers: int,
+    drop_last: bool,
+) -> list[Piece]:
+    """The pieces one worker of one rank reads in one epoch, in order."""
+    total = sum(sizes)
+    if total == 0:
+        return []
+    per_rank = total // world_size if drop_last else -(-total // world_size)
+    rank_first = rank * per_rank
+    base, extra = divmod(per_rank, num_workers)
+    worker_first = rank_first + worker * base + min(worker, extra)
+    worker_stop = worker_first + base + (1 if worker < extra else 0)
+    order = _chunk_order(sizes, shuffle, seed, epoch)
+    return _pieces(sizes, order, worker_first, worker_stop)
+
+
+def samples_per_rank(total: int, world_size: int, drop_last: bool) -> int:
+    return total // world_size if drop_last else -(-total // world_size)
+
+
+def _distributed() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+class _ChunkFetcher:
+    """Whole chunks for one worker, read ahead in threads; remote ones through a disk cache.
+
+    The cache holds chunks by their (immutable, unique) path, so versions that share chunks
+    share cache entries. A worker evicts only chunks it has finished with, oldest first, once
+    the folder holds more than ``max_cache_size`` bytes.
+    """
+
+    def __init__(
+        self, snapshot: Snapshot, cache_dir: str | None, max_cache_size: int, ahead: int
+    ) -> None:
+        self._snapshot = snapshot
+        self._reader = snapshot._reader
+        remote = not isinstance(snapshot._storage, LocalStorage | MemoryStorage)
+        self._cache_dir = cache_dir if remote else None
+        self._max_cache_size = max_cache_size
+        self._pool = ThreadPoolExecutor(max(1, ahead), thread_name_prefix="txstore-fetch")
+        self._ahead = ahead
+        self._finished: list[str] = []
+        self._lock = threading.Lock()
+
+    def _cache_path(self, chunk: ChunkRef) -> str:
+        assert self._cache_dir is not None
+        return os.path.join(self._cache_dir, chunk.path.replace("/", "_"))
+
+    def _fetch(self, chunk: ChunkRef) -> bytes:
+        version = self._snapshot.version
+        if self._cache_dir is None:
+            return self._reader.read_whole(chunk, version)
+        path = self._cache_path(chunk)
+        with contextlib.suppress(FileNotFoundError), open(path, "rb") as f:
+            data = f.read()
+            if len(data) == chunk.size:
+                return data
+        data = self._reader.read_whole(chunk, version)
+        os.makedirs(self._cache_dir, exist_ok=True)
+        tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+        return data
+
+    def release(self, chunk: ChunkRef) -> None:
+        if self._cache_dir is None:
+            return
+        with self._lock:
+            self._finished.append(self._cache_path(chunk))
+            used = sum(e.stat().st_size for e in os.scandir(self._cache_dir) if e.is_file())
+            while used > self._max_cache_size and self._finished:
+                victim = self._finished.pop(0)
+                with contextlib.suppress(FileNotFoundError):
+                    used -= os.path.getsize(victim)
+                    os.unlink(victim)
+
+    def stream(self, chunks: list[ChunkRef]) -> Generator[tuple[ChunkRef, bytes], None, None]:
+        """(chunk, bytes) in order, keeping ``ahead`` fetches in flight."""
+        futures: dict[int, Future[bytes]] = {}
+        try:
+            for i, chunk in enumerate(chunks):
+                for j in range(i, min(len(chunks), i + self._ahead + 1)):
+                    if j not in futures:
+                        futures[j] = self._pool.submit(self._fetch, chunks[j])
+                yield chunk, futures.pop(i).result()
+        finally:
+            for future in futures.values():
+                future.cancel()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+class StreamingDataset(IterableDataset[Any]):
+    """An iterable (and indexable) torch dataset over one pinned snapshot.
+
+    ``source`` is a Snapshot, or a store URI with ``version`` (default: the latest at
+    construction, then pinned). ``fields`` limits what is read and decoded. ``transform`` runs
+    on each sample in the worker. Remote stores cache chunks under ``cache_dir`` (default: a
+    temporary folder), at most ``max_cache_size`` bytes of finished chunks per folder.
+    """
+
+    def __init__(
+        self,
+        source: Snapshot | str,
+        *,
+        version: int | None = None,
+        storage_options: dict[str, Any] | None = None,
+        shuffle: bool = False,
+        seed: int = 0,
+        drop_last: bool = False,
+        shuffle_window: int = 2,
+        fields: list[str] | None = None,
+        transform: Callable[[Sample], Any] | None = None,
+        cache_dir: str | None = None,
+        max_cache_size: int = 8 * 2**30,
+        prefetch_chunks: int = 2,
+    ) -> None:
+        if isinstance(source, Snapshot):
+            if version is not None and version != source.version:
+                raise ValueError(f"version={version} but the snapshot is {source.version}")
+            snapshot = source
+        else:
+            snapshot = open_store(source, storage_options=storage_options).snapshot(version)
+        if fields is not None:
+            snapshot = snapshot.select(fields)
+        if shuffle_window < 1:
+            raise ValueError("shuffle_window counts chunks and must be at least 1")
+        self.snapshot = snapshot
+        self.shuffle = shuffle
+        self.seed = seed
+        self.drop_last = drop_last
+        self.shuffle_window = shuffle_window
+        self.transform = transform
+        self.cache_dir = cache_dir
+        self.max_cache_size = max_cache_size
+        self.prefetch_chunks = prefetch_chunks
+        self.epoch = 0
+        self.rank, self.world_size = _distributed()
+        self._chunks = snapshot.chunks()
+        self._sizes = [c.num_samples for c in self._chunks]
+        # Samples each worker skips at the start of the next iteration (set on resume).
+        self.skip: dict[int, int] = {}
+        self._pid = os.getpid()
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch whose order the next iteration follows."""
+        self.epoch = epoch
+
+    def set_distributed(self, rank: int, world_size: int) -> None:
+        """Override the rank and world size (read from torch.distributed by default)."""
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is not in a world of {world_size}")
+        self.rank, self.world_size = rank, world_size
+
+    def __len__(self) -> int:
+        """Samples this rank yields per epoch."""
+        return samples_per_rank(len(self.snapshot), self.world_size, self.drop_last)
+
+    def __getitem__(self, index: int) -> Any:
+        sample = self._own_snapshot()[index]
+        return self.transform(sample) if self.transform else sample
+
+    def _cache_dir(self) -> str:
+        if self.cache_dir is not None:
+            return self.cache_dir
+        key = f"{self.snapshot.uri}".replace("/", "_").replace(":", "_")
+        return os.path.join(tempfile.gettempdir(), "txstore-cache", key)
+
+    def pieces(self, worker: int, num_workers: int) -> list[Piece]:
+        return plan_worker(
+            self._sizes,
+            shuffle=self.shuffle,
+            seed=self.seed,
+            epoch=self.epoch,
+            rank=self.rank,
+            world_size=self.world_size,
+            worker=worker,
+            num_workers=num_workers,
+            drop_last=self.drop_last,
+        )
+
+    def _window_order(self, worker: int, window: int, n: int) -> list[int]:
+        order = list(range(n))
+        if self.shuffle:
+            rng = random.Random(
+                f"txstore/window/{self.seed}/{self.epoch}/{self.rank}/{worker}/{window}"
+            )
+            rng.shuffle(order)
+        return order
+
+    def __iter__(self) -> Iterator[Any]:
+        info = get_worker_info()
+        worker, num_workers = (0, 1) if info is None else (info.id, info.num_workers)
+        pieces = self.pieces(worker, num_workers)
+        skip = self.skip.get(worker, 0)
+        step = self.shuffle_window
+        windows = [pieces[i : i + step] for i in range(0, len(pieces), step)]
+        skipped = 0  # windows already delivered whole are not read at all
+        while skipped < len(windows) and skip >= (
+            size := sum(p.stop - p.start for p in windows[skipped])
+        ):
+            skip -= size
+            skipped += 1
+        yield from self._iterate(windows[skipped:], worker, skipped, skip)
+
+    def _own_snapshot(self) -> Snapshot:
+        """The snapshot with storage clients and caches of this process's own.
+
+        DataLoader workers are forked; s3fs clients, open files and locks are not fork-safe.
+        """
+        if self._pid != os.getpid():
+            self.snapshot = self.snapshot.reopen()
+            self._pid = os.getpid()
+        return self.snapshot
+
+    def _iterate(
+        self, windows: list[list[Piece]], worker: int, first_window: int, skip: int
+    ) -> Iterator[Any]:
+        snapshot = self._own_snapshot()
+        reader, version, fields = snapshot._reader, snapshot.version, snapshot.fields
+        fetcher = _ChunkFetcher(
+            snapshot, self._cache_dir(), self.max_cache_size, self.prefetch_chunks
+        )
+        transform = self.transform
+        flat = [p for window in windows for p in window]
+        chunks = [self._chunks[p.chunk] for p in flat]
+        stream = fetcher.stream(chunks)
+        try:
+            for number, window in enumerate(windows, start=first_window):
+                samples: list[Sample] = []
+                for piece in window:
+                    chunk, data = next(stream)
+                    samples += reader.samples(data, chunk, version, fields, piece.start, piece.stop)
+                    del data
+                    fetcher.release(chunk)
+                order = self._window_order(worker, number, len(samples))
+                if skip:
+                    order, skip = order[skip:], 0
+                if transform is None:
+                    for i in order:
+                        yield samples[i]
+                else:
+                    for i in order:
+                        yield transform(samples[i])
+        finally:
+            stream.close()
+            fetcher.close()
+
+    def clear_cache(self) -> None:
+        shutil.rmtree(self._cache_dir(), ignore_errors=True)
+
+
+class _CountingCollate:
+    """Wraps a collate function to tag each batch with its worker and sample count."""
+
+    def __init__(self, collate: Callable[[Any], Any]) -> None:
+        self.collate = collate
+
+    def __call__(self, batch: Any) -> tuple[int, int, Any]:
+        info = get_worker_info()
+        worker = 0 if info is None else info.id
+        count = len(batch) if isinstance(batch, list) else 1
+        return worker, count, self.collate(batch)
+
+
+class StreamingDataLoader(DataLoader[Any]):
+    """A DataLoader over a StreamingDataset that can save and resume its place mid-epoch."""
+
+    def __init__(
+        self,
+        dataset: StreamingDataset,
+        *args: Any,
+        collate_fn: Callable[[Any], Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if not isinstance(dataset, StreamingDataset):
+            raise TypeError("StreamingDataLoader needs a StreamingDataset")
+        batched = kwargs.get("batch_size", 1) is not None
+        collate = collate_fn or (default_collate if batched else default_convert)
+        kwargs["collate_fn"] = _CountingCollate(collate)
+        super().__init__(dataset, *args, **kwargs)
+        self.streaming_dataset = dataset
+        self._delivered: dict[int, int] = {}
+        self._pending: dict[int, int] | None = None
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        dataset = self.streaming_dataset
+        dataset.rank, dataset.world_size = (
+            _distributed()
+            if dist.is_available() and dist.is_initialized()
+            else (dataset.rank, dataset.world_size)
+        )
+        self._delivered = dict(self._pending or {})
+        dataset.skip = dict(self._delivered)
+        self._pending = None
+        try:
+            for worker, count, batch in super().__iter__():
+                self._delivered[worker] = self._delivered.get(worker, 0) + count
+                yield batch
+        finally:
+            dataset.skip = {}
+        self._delivered = {}  # a finished epoch resumes at the start of the next
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this loader stands: the snapshot, the epoch's layout, samples per worker."""
+        ds = self.streaming_dataset
+        uri, version, commit_id = ds.snapshot.identity
+        return {
+            "format": STATE_FORMAT,
+            "store": uri,
+            "version": version,
+            "commit_id": commit_id,
+            "seed": ds.seed,
+            "epoch": ds.epoch,
+            "shuffle": ds.shuffle,
+            "drop_last": ds.drop_last,
+            "shuffle_window": ds.shuffle_window,
+            "world_size": ds.world_size,
+            "rank": ds.rank,
+            "num_workers": max(1, self.num_workers),
+            "delivered": {str(k): v for k, v in sorted(self._delivered.items())},
+        }
+
+    def load_state_dict(self, state: dict[str, Any], *, allow_other_version: bool = False) -> None:
+        """Resume from ``state`` at the next iteration.
+
+        Refuses a state from another snapshot unless ``allow_other_version`` (the samples then
+        differ from what was trained on), and one whose epoch layout differs (workers, ranks,
+        shuffle settings), since the skipped samples would not be the ones delivered.
+        """
+        ds = self.streaming_dataset
+        if state.get("format") != STATE_FORMAT:
+            raise ResumeMismatchError(f"unknown loader state format {state.get('format')!r}")
+        _, version, commit_id = ds.snapshot.identity
+        if (state["version"], state["commit_id"]) != (version, commit_id) and not (
+            allow_other_version
+        ):
+            raise ResumeMismatchError(
+                f"the state is from version {state['version']} (commit {state['commit_id']}) "
+                f"of {state['store']}; this dataset reads version {version} (commit "
+                f"{commit_id}). Pass allow_other_version=True to resume anyway"
+            )
+        layout = {
+            "shuffle": ds.shuffle,
+            "drop_last": ds.drop_last,
+            "shuffle_window": ds.shuffle_window,
+            "world_size": ds.world_size,
+            "num_workers": max(1, self.num_workers),
+        }
+        for key, value in layout.items():
+            if state[key] != value:
+                raise ResumeMismatchError(
+                    f"cannot resume: the state has {key}={state[key]!r}, this loader "
+                    f"{value!r}; the same samples would not be skipped"
+                )
+        ds.seed = state["seed"]
+        ds.set_epoch(state["epoch"])
+        self._pending = {int(k): int(v) for k, v in state["delivered"].items()}
+
+
+__all__ = [
+    "Piece",
+    "ResumeMismatchError",
+    "StreamingDataLoader",
+    "StreamingDataset",
+    "plan_worker",
+    "samples_per_rank",
+]

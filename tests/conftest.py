@@ -112,3 +112,89 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
 def shared_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
     """Backends that several processes can share."""
     return make_backend(request.param, tmp_path, request)
+
+
+# -- added for issue 4: soak options, a second S3 server (ministack) --------------------------
+
+MINISTACK = "ministack==1.5.33"  # pins botocore 1.43.106: it gets a virtualenv of its own
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--soak-seconds",
+        type=float,
+        default=20.0,
+        help="how long tests/test_soak.py runs on each backend (default 20; hours by hand)",
+    )
+    parser.addoption("--soak-seed", type=int, default=None, help="seed of the soak's kills")
+
+
+def _ministack_venv() -> Path:
+    """A virtualenv with ministack, made once and kept in .tox (reused while it is whole)."""
+    import fcntl
+
+    root = Path(__file__).resolve().parent.parent / ".tox"
+    venv = root / MINISTACK.replace("==", "-")
+    root.mkdir(exist_ok=True)
+    # Several test runs may start at once on one machine: one builds, the others wait.
+    with open(root / "ministack.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (venv / "ready").exists():
+            shutil.rmtree(venv, ignore_errors=True)
+            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+            subprocess.run(
+                [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", MINISTACK],
+                check=True,
+                timeout=600,
+            )
+            (venv / "ready").write_text(MINISTACK)
+    return venv
+
+
+def _wait_until_up(url: str, proc: subprocess.Popen[bytes], name: str) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=1).close()
+            return
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError(f"{name} did not start") from None
+            time.sleep(0.05)
+
+
+@pytest.fixture(scope="session")
+def ministack_server() -> Iterator[S3Server]:
+    """ministack's S3 as a separate process on loopback: stricter conditional writes."""
+    venv = _ministack_venv()
+    port = _free_port()
+    env = dict(
+        os.environ,
+        GATEWAY_PORT=str(port),
+        BIND_HOST="127.0.0.1",  # its default is every interface
+        SERVICES="s3",
+        S3_PERSIST="0",
+        LOG_LEVEL="WARNING",
+    )
+    proc = subprocess.Popen(
+        [str(venv / "bin" / "ministack")],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    endpoint = f"http://127.0.0.1:{port}"
+    _wait_until_up(f"{endpoint}/_ministack/health", proc, "ministack")
+    try:
+        yield S3Server(endpoint)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.fixture(params=["moto", "ministack"])
+def race_server(request: pytest.FixtureRequest) -> S3Server:
+    """Each S3 server that the race tests run against."""
+    name = "s3_server" if request.param == "moto" else "ministack_server"
+    server: S3Server = request.getfixturevalue(name)
+    return server

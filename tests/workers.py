@@ -1,0 +1,121 @@
+"""Child processes for the race and soak tests: ``python -m tests.workers COMMAND ...``.
+
+- ``serve URI OPTIONS``: reads one JSON command per line on stdin, answers one JSON line on
+  stdout. A parent drives several of these in lockstep, so their requests start together
+  (test_txn_race.py).
+- ``soak-writer`` / ``soak-reader``: the roles of test_soak.py, logging JSON events to stdout
+  (a file the parent reads after the process exits or is SIGKILLed).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+from typing import Any
+
+import txstore
+from txstore.errors import AlreadyExistsError
+from txstore.storage import Storage, open_storage
+
+from .invariants import txn_samples
+
+
+def emit(record: dict[str, Any]) -> None:
+    # One short write per line: a SIGKILL leaves whole lines behind, never half a record.
+    sys.stdout.write(json.dumps(record) + "\n")
+    sys.stdout.flush()
+
+
+def _serve_one(store: txstore.Store, storage: Storage, cmd: dict[str, Any]) -> dict[str, Any]:
+    if cmd["op"] == "put":
+        try:
+            storage.put_if_absent(cmd["key"], cmd["data"].encode())
+            return {"won": True}
+        except AlreadyExistsError:
+            return {"won": False}
+    samples = [dict(s, w=cmd.get("w")) for s in txn_samples(cmd["tag"], cmd["n"])]
+    try:
+        commit = store.append(samples, txn_id=cmd["tag"] if cmd.get("txn") else None)
+    except txstore.TxstoreError as e:
+        return {"error": f"{type(e).__name__}: {e}"}
+    return {"version": commit.version, "commit_id": commit.commit_id}
+
+
+def serve(uri: str, options: dict[str, Any]) -> None:
+    storage = open_storage(uri, options or None)
+    store = txstore.Store(storage)
+    emit({"ready": True})
+    for line in sys.stdin:
+        emit(_serve_one(store, storage, json.loads(line)))
+
+
+def soak_writer(uri: str, options: dict[str, Any], args: dict[str, Any]) -> None:
+    """Append until the deadline; first settle the transaction a killed predecessor left.
+
+    Every transaction uses its tag as txn_id, as a preemptible job retried from the top
+    would: the retry of an append that landed before the kill must return its version.
+    """
+    rng = random.Random(args["seed"])
+    store = txstore.open(uri, storage_options=options or None)
+    pending = args.get("pending")  # [tag, n] started by the killed incarnation, not acked
+    i = 0
+    while pending is not None or time.monotonic_ns() < args["deadline"]:
+        if pending is None:
+            pending = [f"w{args['writer']}.{args['incarnation']}.{i}", rng.randint(1, 4)]
+            i += 1
+            emit({"ev": "start", "tag": pending[0], "n": pending[1], "t": time.monotonic_ns()})
+        tag, n = pending
+        try:
+            commit = store.append(txn_samples(tag, n), txn_id=tag)
+        except txstore.TxstoreError as e:  # not a violation by itself; retried, counted
+            emit({"ev": "error", "tag": tag, "error": f"{type(e).__name__}: {e}"})
+            time.sleep(0.05)
+            continue
+        emit({"ev": "ack", "tag": tag, "version": commit.version, "t": time.monotonic_ns()})
+        pending = None
+        time.sleep(rng.uniform(0, args["pause"]))
+
+
+def _read_once(store: txstore.Store, rng: random.Random) -> int:
+    """Resolve the latest version and read from it; raise if what it holds is inconsistent."""
+    version = store.version
+    snap = store.snapshot(version)
+    if len(snap) != snap.manifest.num_samples:
+        raise AssertionError(f"v{version}: {len(snap)} samples of {snap.manifest.num_samples}")
+    if version:
+        last = snap[-1]
+        if last["tag"] != snap.manifest.txn_id or last["i"] != last["n"] - 1:
+            raise AssertionError(f"v{version} ends with {last['tag']}#{last['i']}")
+        snap[rng.randrange(len(snap))]  # a random sample decodes and passes its checksum
+    return version
+
+
+def soak_reader(uri: str, options: dict[str, Any], args: dict[str, Any]) -> None:
+    rng = random.Random(args["seed"])
+    store = txstore.open(uri, storage_options=options or None)
+    while time.monotonic_ns() < args["deadline"]:
+        if rng.random() < 0.1:  # a fresh Store: no cached manifests or segments
+            store = txstore.open(uri, storage_options=options or None)
+        start = time.monotonic_ns()
+        try:
+            version = _read_once(store, rng)
+        except Exception as e:  # any failure of a reader is a violation: report, go on
+            emit({"ev": "read", "error": f"{type(e).__name__}: {e}", "t0": start, "v": -1})
+            continue
+        emit({"ev": "read", "v": version, "t0": start, "t1": time.monotonic_ns()})
+        time.sleep(rng.uniform(0, args["pause"]))
+
+
+if __name__ == "__main__":
+    command, uri, options_json, *rest = sys.argv[1:]
+    options = json.loads(options_json)
+    if command == "serve":
+        serve(uri, options)
+    elif command == "soak-writer":
+        soak_writer(uri, options, json.loads(rest[0]))
+    elif command == "soak-reader":
+        soak_reader(uri, options, json.loads(rest[0]))
+    else:
+        raise SystemExit(f"unknown command {command}")

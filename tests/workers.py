@@ -59,8 +59,9 @@ def soak_writer(uri: str, options: dict[str, Any], args: dict[str, Any]) -> None
     """
     rng = random.Random(args["seed"])
     store = txstore.open(uri, storage_options=options or None)
+    emit({"ev": "up"})  # the parent kills only writers past start-up: kills land in appends
     pending = args.get("pending")  # [tag, n] started by the killed incarnation, not acked
-    i = 0
+    i = errors = 0
     while pending is not None or time.monotonic_ns() < args["deadline"]:
         if pending is None:
             pending = [f"w{args['writer']}.{args['incarnation']}.{i}", rng.randint(1, 4)]
@@ -71,8 +72,12 @@ def soak_writer(uri: str, options: dict[str, Any], args: dict[str, Any]) -> None
             commit = store.append(txn_samples(tag, n), txn_id=tag)
         except txstore.TxstoreError as e:  # not a violation by itself; retried, counted
             emit({"ev": "error", "tag": tag, "error": f"{type(e).__name__}: {e}"})
+            errors += 1
+            if errors > 20:
+                raise SystemExit(f"giving up on {tag}: {e}") from e
             time.sleep(0.05)
             continue
+        errors = 0
         emit({"ev": "ack", "tag": tag, "version": commit.version, "t": time.monotonic_ns()})
         pending = None
         time.sleep(rng.uniform(0, args["pause"]))

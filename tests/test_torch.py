@@ -215,7 +215,7 @@ def test_snapshot_on_s3(backend: Backend, tmp_path: Path) -> None:
         max_cache_size=10**9,
     )
     assert sorted(_ids(StreamingDataLoader(ds, batch_size=10, num_workers=2))) == list(range(500))
-    cached = {p.name for p in cache.iterdir()}
+    cached = {p.name for p in (cache / "chunks").iterdir()}
     assert len(cached) == len(store.snapshot().chunks())
     # A later version reuses every chunk it shares with the first from the cache.
     store.append({"id": i, "pad": bytes(100)} for i in range(500, 520))
@@ -226,7 +226,7 @@ def test_snapshot_on_s3(backend: Backend, tmp_path: Path) -> None:
         max_cache_size=10**9,
     )
     assert sorted(_ids(StreamingDataLoader(ds2, batch_size=10))) == list(range(520))
-    assert cached < {p.name for p in cache.iterdir()}
+    assert cached < {p.name for p in (cache / "chunks").iterdir()}
 
 
 def test_cache_is_bounded(backend: Backend, tmp_path: Path) -> None:
@@ -240,7 +240,7 @@ def test_cache_is_bounded(backend: Backend, tmp_path: Path) -> None:
         max_cache_size=20_000,
     )
     assert sorted(s["id"] for s in ds) == list(range(2000))
-    assert sum(p.stat().st_size for p in cache.iterdir()) <= 20_000 + 2 * 4096 * 2
+    assert sum(p.stat().st_size for p in (cache / "chunks").iterdir()) <= 20_000 + 2 * 4096 * 2
 
 
 def test_reads_while_another_process_appends(tmp_path: Path) -> None:

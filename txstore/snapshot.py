@@ -15,8 +15,11 @@ from .errors import ChecksumError, CorruptError, MissingDataError, NotFoundError
 from .format import manifest as fmt
 from .format.chunk import (
     ChunkLayout,
+    FileBytes,
+    Ranges,
     assemble,
     check_header,
+    coalesce,
     decode_column,
     decode_value,
     parse_footer,
@@ -38,6 +41,36 @@ class _LoadedSegment:
     starts: list[int]  # first sample index of each chunk, within the segment
 
 
+@dataclass(frozen=True)
+class Source:
+    """One file holding columns of a chunk: the chunk file itself or one of its field files."""
+
+    path: str
+    size: int
+    crc32: int
+    footer_offset: int
+    hidden: frozenset[str]
+
+
+def sources(chunk: ChunkRef) -> list[Source]:
+    base = Source(chunk.path, chunk.size, chunk.crc32, chunk.footer_offset, frozenset(chunk.hidden))
+    return [base] + [
+        Source(f.path, f.size, f.crc32, f.footer_offset, frozenset(f.hidden))
+        for f in chunk.field_files
+    ]
+
+
+#: Projected reads merge frames closer than this into one read.
+_MAX_GAP = 16 * 1024
+
+
+@dataclass
+class Fetched:
+    """The bytes of a chunk's sources needed for some fields, with their layouts."""
+
+    parts: list[tuple[Source, ChunkLayout, FileBytes, frozenset[str] | None]]
+
+
 class ChunkReader:
     """Reads chunks of one store: footers (cached), single samples, whole chunks."""
 
@@ -47,98 +80,157 @@ class ChunkReader:
         self._layouts: OrderedDict[str, ChunkLayout] = OrderedDict()
         self._lock = threading.Lock()
 
-    def _where(self, chunk: ChunkRef, version: int) -> str:
-        return f"chunk {self.storage.uri}/{chunk.path} (version {version})"
+    def _where(self, path: str, version: int) -> str:
+        return f"chunk {self.storage.uri}/{path} (version {version})"
 
-    def _missing(self, chunk: ChunkRef, version: int) -> MissingDataError:
-        return MissingDataError(f"{self._where(chunk, version)} is missing")
+    def _missing(self, path: str, version: int) -> MissingDataError:
+        return MissingDataError(f"{self._where(path, version)} is missing")
 
-    def layout(self, chunk: ChunkRef, version: int) -> ChunkLayout:
+    def layout(self, src: Source, version: int) -> ChunkLayout:
         with self._lock:
-            found = self._layouts.get(chunk.path)
+            found = self._layouts.get(src.path)
         if found is not None:
             return found
         try:
-            tail = self.storage.read_range(chunk.path, chunk.footer_offset, chunk.size)
+            tail = self.storage.read_range(src.path, src.footer_offset, src.size)
         except NotFoundError:
-            raise self._missing(chunk, version) from None
-        where = self._where(chunk, version)
-        if len(tail) != chunk.size - chunk.footer_offset:
+            raise self._missing(src.path, version) from None
+        where = self._where(src.path, version)
+        if len(tail) != src.size - src.footer_offset:
             raise CorruptError(f"{where} is shorter than its manifest says")
-        layout = parse_footer(tail, where)
+        if crc32(tail) != src.crc32:
+            raise ChecksumError(f"{where} does not match its checksum")
+        return self._remember(src, parse_footer(tail, where))
+
+    def _remember(self, src: Source, layout: ChunkLayout) -> ChunkLayout:
         with self._lock:
-            self._layouts[chunk.path] = layout
+            self._layouts[src.path] = layout
             while len(self._layouts) > _LAYOUT_CACHE:
                 self._layouts.popitem(last=False)
         return layout
 
+    @staticmethod
+    def _keep(
+        src: Source, layout: ChunkLayout, fields: frozenset[str] | None
+    ) -> frozenset[str] | None:
+        """The columns to read from ``src``: None for all of them."""
+        if fields is None and not src.hidden:
+            return None
+        names = frozenset(layout.columns) - src.hidden
+        return names if fields is None else names & fields
+
     def sample(
         self, chunk: ChunkRef, index: int, version: int, fields: frozenset[str] | None
     ) -> Sample:
-        layout = self.layout(chunk, version)
-        block, i = layout.locate(index)
-        frames = select_frames(layout, block, fields)
-        if not frames:
-            return {}
-        n = layout.footer.blocks[block].num_samples
-        start = frames[0].offset
-        end = frames[-1].offset + frames[-1].length
-        try:
-            buf = self.storage.read_range(chunk.path, start, end)
-        except NotFoundError:
-            raise self._missing(chunk, version) from None
-        names = layout.columns
         out: Sample = {}
-        for frame in frames:
-            value = decode_value(buf, start, frame, n, i, self.decoder, layout.where)
-            if value is not ABSENT:
-                out[names[frame.column]] = value
+        for src in sources(chunk) if chunk.field_files else [_base(chunk)]:
+            layout = self.layout(src, version)
+            block, i = layout.locate(index)
+            frames = select_frames(layout, block, self._keep(src, layout, fields))
+            if not frames:
+                continue
+            n = layout.footer.blocks[block].num_samples
+            start = frames[0].offset
+            end = frames[-1].offset + frames[-1].length
+            try:
+                buf = self.storage.read_range(src.path, start, end)
+            except NotFoundError:
+                raise self._missing(src.path, version) from None
+            names = layout.columns
+            for frame in frames:
+                value = decode_value(buf, start, frame, n, i, self.decoder, layout.where)
+                if value is not ABSENT:
+                    out[names[frame.column]] = value
         return out
 
-    def read_whole(self, chunk: ChunkRef, version: int) -> bytes:
+    def read_whole(self, src: Source, version: int) -> tuple[bytes, ChunkLayout]:
         try:
-            data = self.storage.read(chunk.path)
+            data = self.storage.read(src.path)
         except NotFoundError:
-            raise self._missing(chunk, version) from None
+            raise self._missing(src.path, version) from None
+        where = self._where(src.path, version)
+        tail = memoryview(data)[src.footer_offset :]
         # The tail's checksum here; every frame's as it is decoded.
-        if len(data) != chunk.size or crc32(memoryview(data)[chunk.footer_offset :]) != chunk.crc32:
-            raise ChecksumError(f"{self._where(chunk, version)} does not match its checksum")
-        return data
+        if len(data) != src.size or crc32(tail) != src.crc32:
+            raise ChecksumError(f"{where} does not match its checksum")
+        check_header(data, where)
+        return data, parse_footer(tail, where)
+
+    def _read_frames(
+        self, src: Source, layout: ChunkLayout, keep: frozenset[str], version: int
+    ) -> Ranges:
+        names = layout.columns
+        spans = [
+            (f.offset, f.offset + f.length)
+            for block in layout.footer.blocks
+            for f in block.frames
+            if names[f.column] in keep
+        ]
+        try:
+            pieces = [
+                (start, self.storage.read_range(src.path, start, end))
+                for start, end in coalesce(spans, _MAX_GAP)
+            ]
+        except NotFoundError:
+            raise self._missing(src.path, version) from None
+        return Ranges(pieces)
+
+    def fetch(self, chunk: ChunkRef, version: int, fields: frozenset[str] | None) -> Fetched:
+        """Read what the samples of ``chunk`` need for ``fields``: whole files, or only the
+        frames of the fields asked for when that is a part of a file."""
+        parts: list[tuple[Source, ChunkLayout, FileBytes, frozenset[str] | None]] = []
+        for src in sources(chunk):
+            if fields is None and not src.hidden:
+                data, layout = self.read_whole(src, version)
+                parts.append((src, self._remember(src, layout), data, None))
+                continue
+            layout = self.layout(src, version)
+            keep = self._keep(src, layout, fields)
+            if keep:
+                parts.append((src, layout, self._read_frames(src, layout, keep, version), keep))
+        return Fetched(parts)
 
     def samples(
         self,
-        data: bytes,
+        fetched: Fetched,
         chunk: ChunkRef,
         version: int,
-        fields: frozenset[str] | None,
         start: int = 0,
         stop: int | None = None,
     ) -> Iterator[Sample]:
-        """Samples [start, stop) of a chunk read whole, decoding only the blocks they are in."""
-        where = self._where(chunk, version)
-        check_header(data, where)
-        layout = parse_footer(memoryview(data)[chunk.footer_offset :], where)
-        names = layout.columns
+        """Samples [start, stop) of a fetched chunk, decoding only the blocks they are in."""
+        stop = chunk.num_samples if stop is None else stop
+        if not fetched.parts:  # no field asked for is in this chunk
+            yield from ({} for _ in range(start, stop))
+            return
+        layouts = [layout for _, layout, _, _ in fetched.parts]
+        block_starts = layouts[0].block_starts
+        for layout in layouts[1:]:
+            if layout.block_starts != block_starts:
+                raise CorruptError(f"{layout.where} is not aligned with its chunk's blocks")
         decoder = self.decoder
-        stop = layout.footer.num_samples if stop is None else stop
-        first = layout.locate(start)[0] if start else 0
-        for number in range(first, len(layout.footer.blocks)):
-            block_start = layout.block_starts[number]
+        first = bisect_right(block_starts, start) - 1 if start else 0
+        for number in range(first, len(block_starts) - 1):
+            block_start = block_starts[number]
             if block_start >= stop:
                 return
-            block = layout.footer.blocks[number]
-            frames = (
-                block.frames
-                if fields is None
-                else [f for f in block.frames if names[f.column] in fields]
-            )
-            n = block.num_samples
-            columns = [decode_column(data, 0, f, n, decoder, where) for f in frames]
-            sparse = any(f.flags for f in frames)
-            rows = assemble([names[f.column] for f in frames], columns, sparse, n)
+            n = block_starts[number + 1] - block_start
+            names: list[str] = []
+            columns: list[list[Any]] = []
+            sparse = False
+            for _, layout, buf, keep in fetched.parts:
+                for frame in select_frames(layout, number, keep):
+                    names.append(layout.columns[frame.column])
+                    columns.append(decode_column(buf, 0, frame, n, decoder, layout.where))
+                    sparse = sparse or bool(frame.flags)
+            rows = assemble(names, columns, sparse, n)
             if block_start < start or block_start + n > stop:
                 rows = rows[max(0, start - block_start) : stop - block_start]
             yield from rows
+
+
+def _base(chunk: ChunkRef) -> Source:
+    return Source(chunk.path, chunk.size, chunk.crc32, chunk.footer_offset, frozenset(chunk.hidden))
 
 
 class Snapshot(Sequence[Sample]):
@@ -256,14 +348,14 @@ class Snapshot(Sequence[Sample]):
         """The samples of ``chunks`` in order, reading the next chunk while decoding one."""
         if not chunks:
             return
-        reader, version = self._reader, self.version
+        reader, version, fields = self._reader, self.version, self._fields
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="txstore-read") as pool:
-            ahead: Future[bytes] = pool.submit(reader.read_whole, chunks[0], version)
+            ahead: Future[Fetched] = pool.submit(reader.fetch, chunks[0], version, fields)
             for i, chunk in enumerate(chunks):
-                data = ahead.result()
+                fetched = ahead.result()
                 if i + 1 < len(chunks):
-                    ahead = pool.submit(reader.read_whole, chunks[i + 1], version)
-                yield from reader.samples(data, chunk, version, self._fields)
+                    ahead = pool.submit(reader.fetch, chunks[i + 1], version, fields)
+                yield from reader.samples(fetched, chunk, version)
 
 
 def _rebuild(storage: Storage, manifest: bytes, fields: frozenset[str] | None) -> Snapshot:

@@ -23,7 +23,6 @@ import random
 import shutil
 import tempfile
 import threading
-import uuid
 from bisect import bisect_right
 from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -37,7 +36,7 @@ from torch.utils.data._utils.collate import default_collate, default_convert
 
 from .errors import TxstoreError
 from .format.manifest import ChunkRef
-from .snapshot import Sample, Snapshot
+from .snapshot import ChunkReader, Fetched, Sample, Snapshot, sources
 from .storage import LocalStorage, MemoryStorage
 from .store import open as open_store
 
@@ -123,62 +122,49 @@ def _distributed() -> tuple[int, int]:
 
 
 class _ChunkFetcher:
-    """Whole chunks for one worker, read ahead in threads; remote ones through a disk cache.
+    """Chunks for one worker, read ahead in threads; remote ones through a disk cache.
 
-    The cache holds chunks by their (immutable, unique) path, so versions that share chunks
-    share cache entries. A worker evicts only chunks it has finished with, oldest first, once
-    the folder holds more than ``max_cache_size`` bytes.
+    The cache is a folder laid out like the store (``chunks/<id>.chunk``), so versions that
+    share chunks share cache entries: chunk files never change once written. A worker evicts
+    only files it has finished with, oldest first, while the folder holds more than
+    ``max_cache_size`` bytes.
     """
 
-    def __init__(
-        self, snapshot: Snapshot, cache_dir: str | None, max_cache_size: int, ahead: int
-    ) -> None:
+    def __init__(self, snapshot: Snapshot, cache_dir: str, max_cache_size: int, ahead: int) -> None:
         self._snapshot = snapshot
-        self._reader = snapshot._reader
-        remote = not isinstance(snapshot._storage, LocalStorage | MemoryStorage)
-        self._cache_dir = cache_dir if remote else None
+        self._remote = snapshot._reader
+        local = isinstance(snapshot._storage, LocalStorage | MemoryStorage)
+        self._cache = None if local else LocalStorage(cache_dir)
+        self._reader = self._remote if self._cache is None else ChunkReader(self._cache)
         self._max_cache_size = max_cache_size
         self._pool = ThreadPoolExecutor(max(1, ahead), thread_name_prefix="txstore-fetch")
         self._ahead = ahead
         self._finished: list[str] = []
         self._lock = threading.Lock()
 
-    def _cache_path(self, chunk: ChunkRef) -> str:
-        assert self._cache_dir is not None
-        return os.path.join(self._cache_dir, chunk.path.replace("/", "_"))
-
-    def _fetch(self, chunk: ChunkRef) -> bytes:
-        version = self._snapshot.version
-        if self._cache_dir is None:
-            return self._reader.read_whole(chunk, version)
-        path = self._cache_path(chunk)
-        with contextlib.suppress(FileNotFoundError), open(path, "rb") as f:
-            data = f.read()
-            if len(data) == chunk.size:
-                return data
-        data = self._reader.read_whole(chunk, version)
-        os.makedirs(self._cache_dir, exist_ok=True)
-        tmp = f"{path}.{uuid.uuid4().hex}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-        return data
+    def _fetch(self, chunk: ChunkRef) -> Fetched:
+        version, fields = self._snapshot.version, self._snapshot.fields
+        if self._cache is not None:
+            for src in sources(chunk):
+                if not os.path.exists(os.path.join(self._cache.root, src.path)):
+                    self._cache.write(src.path, self._remote.read_whole(src, version)[0])
+        return self._reader.fetch(chunk, version, fields)
 
     def release(self, chunk: ChunkRef) -> None:
-        if self._cache_dir is None:
+        if self._cache is None:
             return
         with self._lock:
-            self._finished.append(self._cache_path(chunk))
-            used = sum(e.stat().st_size for e in os.scandir(self._cache_dir) if e.is_file())
+            self._finished += [src.path for src in sources(chunk)]
+            used = sum(f.size for f in self._cache.list("chunks/"))
             while used > self._max_cache_size and self._finished:
                 victim = self._finished.pop(0)
                 with contextlib.suppress(FileNotFoundError):
-                    used -= os.path.getsize(victim)
-                    os.unlink(victim)
+                    used -= os.path.getsize(os.path.join(self._cache.root, victim))
+                self._cache.delete(victim)
 
-    def stream(self, chunks: list[ChunkRef]) -> Generator[tuple[ChunkRef, bytes], None, None]:
-        """(chunk, bytes) in order, keeping ``ahead`` fetches in flight."""
-        futures: dict[int, Future[bytes]] = {}
+    def stream(self, chunks: list[ChunkRef]) -> Generator[tuple[ChunkRef, Fetched], None, None]:
+        """(chunk, fetched bytes) in order, keeping ``ahead`` fetches in flight."""
+        futures: dict[int, Future[Fetched]] = {}
         try:
             for i, chunk in enumerate(chunks):
                 for j in range(i, min(len(chunks), i + self._ahead + 1)):
@@ -320,7 +306,7 @@ class StreamingDataset(IterableDataset[Any]):
         self, windows: list[list[Piece]], worker: int, first_window: int, skip: int
     ) -> Iterator[Any]:
         snapshot = self._own_snapshot()
-        reader, version, fields = snapshot._reader, snapshot.version, snapshot.fields
+        reader, version = snapshot._reader, snapshot.version
         fetcher = _ChunkFetcher(
             snapshot, self._cache_dir(), self.max_cache_size, self.prefetch_chunks
         )
@@ -332,9 +318,9 @@ class StreamingDataset(IterableDataset[Any]):
             for number, window in enumerate(windows, start=first_window):
                 samples: list[Sample] = []
                 for piece in window:
-                    chunk, data = next(stream)
-                    samples += reader.samples(data, chunk, version, fields, piece.start, piece.stop)
-                    del data
+                    chunk, fetched = next(stream)
+                    samples += reader.samples(fetched, chunk, version, piece.start, piece.stop)
+                    del fetched
                     fetcher.release(chunk)
                 order = self._window_order(worker, number, len(samples))
                 if skip:

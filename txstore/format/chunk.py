@@ -186,6 +186,10 @@ class ChunkBuilder:
         if self._block_bytes >= self._block_limit or self._block_n >= MAX_BLOCK_SAMPLES:
             self._seal_block()
 
+    def end_block(self) -> None:
+        """Close the open block now (field files copy their chunk's block boundaries)."""
+        self._seal_block()
+
     def _should_compress(self, name: str) -> bool:
         if not self._compressor.enabled:
             return False
@@ -291,16 +295,51 @@ def check_header(data: bytes | memoryview, where: str) -> None:
         raise UnsupportedFormatError(f"{where}: chunk format {major} is newer than this txstore")
 
 
-def _frame_raw(buf: bytes | memoryview, base: int, frame: FrameIndex, where: str) -> memoryview:
-    start = frame.offset - base
-    stored = memoryview(buf)[start : start + frame.length]
+class Ranges:
+    """Some byte ranges of a file, read for a projection: enough to decode the frames asked for."""
+
+    __slots__ = ("_data", "_starts")
+
+    def __init__(self, pieces: list[tuple[int, bytes]]) -> None:
+        pieces = sorted(pieces)
+        self._starts = [start for start, _ in pieces]
+        self._data = [data for _, data in pieces]
+
+    def view(self, offset: int, length: int) -> memoryview:
+        i = bisect_right(self._starts, offset) - 1
+        if i < 0:
+            return memoryview(b"")
+        start = offset - self._starts[i]
+        return memoryview(self._data[i])[start : start + length]
+
+
+def coalesce(spans: list[tuple[int, int]], max_gap: int) -> list[tuple[int, int]]:
+    """Merge [start, end) spans closer than ``max_gap`` bytes: fewer, larger reads."""
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(spans):
+        if merged and start - merged[-1][1] <= max_gap:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+FileBytes = bytes | memoryview | Ranges
+
+
+def _frame_raw(buf: FileBytes, base: int, frame: FrameIndex, where: str) -> memoryview:
+    if isinstance(buf, Ranges):
+        stored = buf.view(frame.offset, frame.length)
+    else:
+        start = frame.offset - base
+        stored = memoryview(buf)[start : start + frame.length]
     if len(stored) != frame.length:
         raise CorruptError(f"{where}: truncated frame at offset {frame.offset}")
     return memoryview(open_frame(stored, frame.codec, frame.raw_length, frame.crc32, where))
 
 
 def decode_column(
-    buf: bytes | memoryview, base: int, frame: FrameIndex, n: int, decoder: ValueDecoder, where: str
+    buf: FileBytes, base: int, frame: FrameIndex, n: int, decoder: ValueDecoder, where: str
 ) -> list[Any]:
     """All values of one frame; ``buf`` holds the file's bytes from offset ``base``."""
     raw = _frame_raw(buf, base, frame, where)
@@ -309,7 +348,7 @@ def decode_column(
 
 
 def decode_value(
-    buf: bytes | memoryview,
+    buf: FileBytes,
     base: int,
     frame: FrameIndex,
     n: int,

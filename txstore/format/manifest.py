@@ -15,7 +15,7 @@ import msgspec
 from ..errors import CorruptError, UnsupportedFormatError
 
 FORMAT = "txstore"
-FORMAT_MAJOR, FORMAT_MINOR = 1, 0
+FORMAT_MAJOR, FORMAT_MINOR = 1, 1
 
 _SAFE_PATH = re.compile(r"[A-Za-z0-9_.\-]+(/[A-Za-z0-9_.\-]+)*")
 
@@ -34,14 +34,35 @@ class StoreConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     compression_level: int
 
 
+class FieldFile(msgspec.Struct, frozen=True, kw_only=True):
+    """Columns added to a chunk later (``add_fields``): a chunk-format file of the same blocks.
+
+    Its blocks hold exactly the samples of the chunk's blocks, in order; ``columns`` are the
+    columns it holds, ``hidden`` those dropped since (or replaced by a later field file).
+    """
+
+    path: str
+    size: int
+    crc32: int
+    footer_offset: int
+    columns: tuple[str, ...]
+    hidden: tuple[str, ...] = ()
+
+
 class ChunkRef(msgspec.Struct, frozen=True, kw_only=True):
-    """One chunk file: where, how many samples, and how to check it."""
+    """One chunk file: where, how many samples, and how to check it.
+
+    A sample's fields are the chunk file's columns minus ``hidden``, then each field file's
+    visible columns (format 1.1; a column is visible in at most one file).
+    """
 
     path: str
     num_samples: int
     size: int
     crc32: int
     footer_offset: int
+    hidden: tuple[str, ...] = ()
+    field_files: tuple[FieldFile, ...] = ()
 
 
 class SegmentRef(msgspec.Struct, frozen=True, kw_only=True):
@@ -78,6 +99,8 @@ class Manifest(_Document, tag="manifest", kw_only=True, frozen=True):
     config: StoreConfig
     segments: tuple[SegmentRef, ...]
     properties: dict[str, str] = {}
+    #: 1.1: the version whose content a "rollback" restores or a "compact" rewrote.
+    source_version: int | None = None
 
 
 class Head(_Document, tag="head", kw_only=True, frozen=True):
@@ -92,6 +115,40 @@ class TxnMarker(_Document, tag="txn", kw_only=True, frozen=True):
     txn_id: str
     version: int
     commit_id: str
+
+
+class Tag(_Document, tag="tag", kw_only=True, frozen=True):
+    """1.1: ``refs/tags/<name>.json``, a name for one version (checked by its commit id)."""
+
+    name: str
+    version: int
+    commit_id: str
+    timestamp: float
+    message: str | None = None
+
+
+class LeaseRecord(_Document, tag="lease", kw_only=True, frozen=True):
+    """1.1: ``refs/leases/<id>.json``, a running job's pin on a version until ``expires_at``."""
+
+    version: int
+    commit_id: str
+    created: float
+    expires_at: float
+    owner: str = ""
+
+
+class ExpiredRange(msgspec.Struct, frozen=True, kw_only=True):
+    """Versions ``first`` to ``last`` (inclusive), expired at ``expired_at``."""
+
+    first: int
+    last: int
+    expired_at: float
+
+
+class Retention(_Document, tag="retention", kw_only=True, frozen=True):
+    """1.1: ``refs/retention.json``, the versions ``expire`` expired: disjoint, sorted."""
+
+    expired: tuple[ExpiredRange, ...] = ()
 
 
 class _Envelope(msgspec.Struct, forbid_unknown_fields=False):
@@ -139,3 +196,5 @@ def _check_paths(doc: _Document, where: str) -> None:
     elif isinstance(doc, Segment):
         for chunk in doc.chunks:
             check_path(chunk.path, where)
+            for extra in chunk.field_files:
+                check_path(extra.path, where)

@@ -60,10 +60,6 @@ def sources(chunk: ChunkRef) -> list[Source]:
     ]
 
 
-#: Projected reads merge frames closer than this into one read.
-_MAX_GAP = 16 * 1024
-
-
 @dataclass
 class Fetched:
     """The bytes of a chunk's sources needed for some fields, with their layouts."""
@@ -169,7 +165,7 @@ class ChunkReader:
         try:
             pieces = [
                 (start, self.storage.read_range(src.path, start, end))
-                for start, end in coalesce(spans, _MAX_GAP)
+                for start, end in coalesce(spans, self.storage.range_merge_gap)
             ]
         except NotFoundError:
             raise self._missing(src.path, version) from None

@@ -34,6 +34,9 @@ class Storage(ABC):
     #: The URI the store was opened with; with ``storage_options`` it reopens the storage.
     uri: str
     storage_options: dict[str, Any]
+    #: Reads of ranges closer than this are merged into one: 0 where a read is a cheap
+    #: syscall, more where each read is a round trip.
+    range_merge_gap: int = 0
 
     @abstractmethod
     def read(self, key: str) -> bytes:

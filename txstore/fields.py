@@ -1,0 +1,303 @@
+"""Add fields to existing samples, or drop them, as new versions without rewriting chunks.
+
+``add_fields`` computes the new values chunk by chunk and writes them to *field files* laid out
+like chunks and aligned with their blocks (docs/format.md §10); the new version's chunk
+references name them next to the untouched chunk files. Samples appended while it runs are not
+left without the fields: it computes them for the new chunks too and commits on top (it gives
+up with a ConflictError only if the history changed otherwise, e.g. a rollback).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from typing import Any
+
+import msgspec
+
+from .errors import ConflictError, EncodeError
+from .format.chunk import ChunkBuilder
+from .format.codec import FrameCompressor
+from .format.manifest import ChunkRef, FieldFile, Manifest, SegmentRef, StoreConfig
+from .progress import Progress
+from .segments import MAX_SEGMENT_CHUNKS
+from .snapshot import ChunkReader, Sample, sources
+from .storage import MemoryStorage, Storage, open_storage
+from .store import Commit, Store
+from .txn import commit
+
+FieldFn = Callable[[Sample], dict[str, Any]]
+BatchFieldFn = Callable[[list[Sample]], list[dict[str, Any]]]
+
+_MAX_ROUNDS = 20  # rounds of catching up with concurrent appends before giving up
+
+
+def _check_names(fields: Iterable[str]) -> tuple[str, ...]:
+    names = tuple(fields)
+    if not names or not all(isinstance(f, str) and f for f in names):
+        raise ValueError("fields must be a non-empty list of field names")
+    if len(set(names)) != len(names):
+        raise ValueError(f"fields has duplicates: {names}")
+    return names
+
+
+def _new_values(
+    fn: Callable[..., Any], block: list[Sample], batched: bool, first: int, names: set[str]
+) -> list[dict[str, Any]]:
+    values = fn(block) if batched else [fn(sample) for sample in block]
+    if not isinstance(values, list) or len(values) != len(block):
+        raise EncodeError(f"samples {first}..: the function must return one dict per sample")
+    for i, new in enumerate(values):
+        if not isinstance(new, dict):
+            raise EncodeError(f"sample {first + i}: the function returned {type(new).__name__}")
+        extra = set(new) - names
+        if extra:
+            raise EncodeError(f"sample {first + i}: returned fields not asked for: {extra}")
+    return values
+
+
+def compute_field_file(
+    storage: Storage,
+    chunk: ChunkRef,
+    version: int,
+    config: StoreConfig,
+    fn: Callable[..., Any],
+    fields: tuple[str, ...],
+    batched: bool,
+    first: int,
+) -> tuple[str, FieldFile]:
+    """Compute ``fields`` for every sample of ``chunk``; store them as one field file."""
+    reader = ChunkReader(storage)
+    fetched = reader.fetch(chunk, version, None)
+    base = reader.layout(sources(chunk)[0], version)
+    builder = ChunkBuilder(
+        block_bytes=2**62, compressor=FrameCompressor(config.compression, config.compression_level)
+    )
+    samples = reader.samples(fetched, chunk, version)
+    position, names = first, set(fields)
+    for number in range(len(base.footer.blocks)):
+        block = [next(samples) for _ in range(base.footer.blocks[number].num_samples)]
+        for new in _new_values(fn, block, batched, position, names):
+            builder.add(new, position)
+            position += 1
+        builder.end_block()  # the same block boundaries as the chunk
+    built = builder.finish()
+    key = f"chunks/{uuid.uuid4().hex}.fields"
+    storage.write(key, built.parts)
+    ref = FieldFile(
+        path=key,
+        size=built.size,
+        crc32=built.crc32,
+        footer_offset=built.footer_offset,
+        columns=fields,
+    )
+    return chunk.path, ref
+
+
+def _with_field_file(chunk: ChunkRef, new: FieldFile | None, hide: tuple[str, ...]) -> ChunkRef:
+    """``chunk`` with ``hide`` hidden everywhere (files left with nothing visible dropped),
+    then ``new`` added: a column stays visible in at most one file."""
+    hidden = set(hide)
+    kept = []
+    for extra in chunk.field_files:
+        gone = tuple(sorted(set(extra.hidden) | (hidden & set(extra.columns))))
+        if set(extra.columns) - set(gone):
+            kept.append(msgspec.structs.replace(extra, hidden=gone))
+    if new is not None:
+        kept.append(new)
+    return msgspec.structs.replace(
+        chunk,
+        hidden=tuple(sorted(set(chunk.hidden) | hidden)),
+        field_files=tuple(kept),
+    )
+
+
+def _write_segments(store: Store, chunks: Sequence[ChunkRef]) -> tuple[SegmentRef, ...]:
+    return tuple(
+        store._segments.write(chunks[i : i + MAX_SEGMENT_CHUNKS])
+        for i in range(0, len(chunks), MAX_SEGMENT_CHUNKS)
+    )
+
+
+def _commit_rewrite(
+    store: Store,
+    parent: Manifest,
+    chunks: Sequence[ChunkRef],
+    operation: str,
+    message: str | None,
+) -> Commit:
+    """Commit ``chunks`` as the content of the version after ``parent``, only right after it."""
+    segments = _write_segments(store, chunks)
+    commit_id = uuid.uuid4().hex
+
+    def build(latest: Manifest) -> Manifest:
+        if latest.version != parent.version:
+            raise ConflictError(f"version {latest.version} was committed meanwhile")
+        return Manifest(
+            version=latest.version + 1,
+            parent=latest.version,
+            commit_id=commit_id,
+            operation=operation,
+            timestamp=time.time(),
+            message=message,
+            num_samples=latest.num_samples,
+            added_samples=0,
+            config=latest.config,
+            segments=segments,
+        )
+
+    return Commit.from_manifest(commit(store._log, build, policy=store._retry).manifest)
+
+
+def _only_appends_since(store: Store, version: int) -> bool:
+    latest = store.version
+    return all(store._log.read(v).operation == "append" for v in range(version + 1, latest + 1))
+
+
+#: The user's function inside a worker process, set once by the pool's initializer.
+_worker_fn: Callable[..., Any] | None = None
+
+
+def _set_worker_fn(fn: Callable[..., Any]) -> None:
+    global _worker_fn
+    _worker_fn = fn
+
+
+def _pool(num_workers: int, fn: Callable[..., Any]) -> Executor | None:
+    if num_workers <= 0:
+        return None
+    # fork, and the function handed over by the initializer: it is inherited, not pickled,
+    # so closures and loaded models work.
+    return ProcessPoolExecutor(
+        num_workers,
+        mp_context=multiprocessing.get_context("fork"),
+        initializer=_set_worker_fn,
+        initargs=(fn,),
+    )
+
+
+def add_fields(
+    store: Store,
+    fn: FieldFn | BatchFieldFn,
+    fields: Iterable[str],
+    *,
+    batched: bool = False,
+    num_workers: int = 0,
+    message: str | None = None,
+    progress: bool = False,
+) -> Commit:
+    """Commit a version in which every sample also has ``fields``, computed by ``fn``.
+
+    ``fn`` gets a sample (or, with ``batched``, a list of samples: one block) and returns a
+    dict of new values (a list of dicts); a field it leaves out is absent from that sample.
+    Existing values of ``fields`` are replaced. Chunk files are not rewritten or copied.
+    ``num_workers`` processes compute chunks in parallel.
+    """
+    names = _check_names(fields)
+    if num_workers > 0 and isinstance(store.storage, MemoryStorage):
+        raise ValueError("a memory store lives in one process: use num_workers=0")
+    done: dict[str, FieldFile] = {}
+    pool = _pool(num_workers, fn)
+    try:
+        for _ in range(_MAX_ROUNDS):
+            parent = store._log.latest()
+            chunks = store.snapshot(parent.version).chunks()
+            todo = [c for c in chunks if c.path not in done]
+            firsts = _first_positions(chunks)
+            report = Progress("add_fields", sum(c.num_samples for c in todo), enabled=progress)
+            try:
+                for path, ref in _run(
+                    store, pool, todo, parent, fn, names, batched, firsts, report
+                ):
+                    done[path] = ref
+            finally:
+                report.close()
+            rewritten = [_with_field_file(c, done[c.path], names) for c in chunks]
+            try:
+                return _commit_rewrite(store, parent, rewritten, "add_fields", message)
+            except ConflictError:
+                if not _only_appends_since(store, parent.version):
+                    raise ConflictError(
+                        f"{store.uri} changed by more than appends while adding {names}; "
+                        "nothing was committed: run add_fields again"
+                    ) from None
+        raise ConflictError(f"add_fields could not catch up with appends to {store.uri}")
+    finally:
+        if pool is not None:
+            pool.shutdown()
+
+
+def _first_positions(chunks: Sequence[ChunkRef]) -> dict[str, int]:
+    out, position = {}, 0
+    for chunk in chunks:
+        out[chunk.path] = position
+        position += chunk.num_samples
+    return out
+
+
+def _run(
+    store: Store,
+    pool: Executor | None,
+    todo: list[ChunkRef],
+    parent: Manifest,
+    fn: Callable[..., Any],
+    names: tuple[str, ...],
+    batched: bool,
+    firsts: dict[str, int],
+    report: Progress,
+) -> Iterable[tuple[str, FieldFile]]:
+    version, config = parent.version, parent.config
+    if pool is None:
+        for chunk in todo:
+            first = firsts[chunk.path]
+            yield compute_field_file(
+                store.storage, chunk, version, config, fn, names, batched, first
+            )
+            report.update(chunk.num_samples)
+        return
+    uri, options = store.storage.uri, store.storage.storage_options
+    futures: list[tuple[ChunkRef, Future[tuple[str, FieldFile]]]] = [
+        (
+            c,
+            pool.submit(
+                _compute_in_worker, uri, options, c, version, config, names, batched, firsts[c.path]
+            ),
+        )
+        for c in todo
+    ]
+    for chunk, future in futures:
+        yield future.result()
+        report.update(chunk.num_samples)
+
+
+def _compute_in_worker(
+    uri: str,
+    options: dict[str, Any],
+    chunk: ChunkRef,
+    version: int,
+    config: StoreConfig,
+    names: tuple[str, ...],
+    batched: bool,
+    first: int,
+) -> tuple[str, FieldFile]:
+    assert _worker_fn is not None
+    # A storage client of the worker's own: s3fs clients and open files do not survive fork.
+    storage = open_storage(uri, options or None)
+    return compute_field_file(storage, chunk, version, config, _worker_fn, names, batched, first)
+
+
+def drop_fields(store: Store, fields: Iterable[str], *, message: str | None = None) -> Commit:
+    """Commit a version whose samples no longer have ``fields``. Nothing is rewritten; field
+    files left with no visible column are no longer referenced (vacuum reclaims them)."""
+    names = _check_names(fields)
+    for _ in range(_MAX_ROUNDS):
+        parent = store._log.latest()
+        chunks = [_with_field_file(c, None, names) for c in store.snapshot(parent.version).chunks()]
+        try:
+            return _commit_rewrite(store, parent, chunks, "drop_fields", message)
+        except ConflictError:
+            continue  # only metadata to redo
+    raise ConflictError(f"drop_fields could not catch up with commits to {store.uri}")

@@ -117,7 +117,7 @@ def _with_field_file(chunk: ChunkRef, new: FieldFile | None, hide: tuple[str, ..
 
 def _write_segments(store: Store, chunks: Sequence[ChunkRef]) -> tuple[SegmentRef, ...]:
     return tuple(
-        store._segments.write(chunks[i : i + MAX_SEGMENT_CHUNKS])
+        store._segments.write(list(chunks[i : i + MAX_SEGMENT_CHUNKS]))
         for i in range(0, len(chunks), MAX_SEGMENT_CHUNKS)
     )
 

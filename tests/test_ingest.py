@@ -1,0 +1,190 @@
+"""optimize (modes, workers, failures, chunk fill) and staged multi-writer transactions."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import txstore
+from txstore.errors import ConflictError, StoreExistsError
+from txstore.ingest import InputError, optimize
+from txstore.staging import StagedPart, Transaction, TransactionHandle
+
+from .conftest import Backend
+from .helpers import REPO
+
+
+def _two(i: int) -> Iterator[dict[str, Any]]:
+    yield {"id": 2 * i, "pad": os.urandom(500)}
+    yield {"id": 2 * i + 1, "pad": os.urandom(500)}
+
+
+def _ids(store: txstore.Store, version: int | None = None) -> list[int]:
+    return sorted(s["id"] for s in store.snapshot(version))
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_modes(backend: Backend, workers: int) -> None:
+    opts = backend.storage_options
+    if backend.name == "memory" and workers > 1:
+        with pytest.raises(ValueError, match="one process"):
+            optimize(_two, range(3), backend.uri, num_workers=workers, progress=False)
+        return
+    first = optimize(
+        _two,
+        range(300),
+        backend.uri,
+        num_workers=workers,
+        storage_options=opts,
+        chunk_bytes="16KB",
+        progress=False,
+    )
+    store = txstore.open(backend.uri, **backend.kwargs())
+    assert first.version == 1 and _ids(store) == list(range(600))
+    with pytest.raises(StoreExistsError, match="mode='append'"):
+        optimize(_two, range(3), backend.uri, storage_options=opts, progress=False)
+    second = optimize(
+        lambda i: {"id": 600 + i},
+        range(50),
+        backend.uri,
+        mode="append",
+        num_workers=workers,
+        storage_options=opts,
+        progress=False,
+    )
+    assert second.version == 2 and _ids(store) == list(range(650))
+    third = optimize(
+        lambda i: {"id": -i},
+        range(1, 4),
+        backend.uri,
+        mode="overwrite",
+        num_workers=workers,
+        storage_options=opts,
+        progress=False,
+    )
+    assert third.operation == "overwrite" and _ids(store) == [-3, -2, -1]
+    assert _ids(store, 2) == list(range(650))  # earlier versions stay readable
+
+
+def test_failure_names_the_input_and_commits_nothing(backend: Backend) -> None:
+    workers = 1 if backend.name == "memory" else 2
+    txstore.create(backend.uri, **backend.kwargs())
+    store = txstore.open(backend.uri, **backend.kwargs())
+    before = {f.key for f in store.storage.list("chunks/")}
+
+    def flaky(i: int) -> dict[str, Any]:
+        if i == 1234:
+            raise ValueError("corrupt image")
+        return {"id": i, "pad": os.urandom(300)}
+
+    with pytest.raises(InputError, match=r"input 1234 .*corrupt image") as info:
+        optimize(
+            flaky,
+            range(3000),
+            backend.uri,
+            mode="append",
+            num_workers=workers,
+            storage_options=backend.storage_options,
+            chunk_bytes="32KB",
+            progress=False,
+        )
+    assert info.value.index == 1234
+    assert store.version == 0
+    assert {f.key for f in store.storage.list("chunks/")} == before  # nothing left behind
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_chunks_are_full_whatever_the_workers(tmp_path: Path, workers: int) -> None:
+    limit = 64 * 1024
+    optimize(
+        lambda i: {"id": i, "pad": os.urandom(1000)},
+        range(2000),
+        str(tmp_path / "s"),
+        num_workers=workers,
+        chunk_bytes=limit,
+        compression=None,
+        progress=False,
+    )
+    store = txstore.open(str(tmp_path / "s"))
+    sizes = [c.size for c in store.snapshot().chunks()]
+    assert all(s >= limit for s in sizes[:-1]), sizes  # only the very last may be partial
+    assert len(sizes) <= 2000 * 1010 // limit + 1
+    assert _ids(store) == list(range(2000))
+
+
+WRITER = """
+import sys, txstore
+from txstore.staging import StagedWriter, TransactionHandle
+handle = TransactionHandle.from_json(sys.argv[1])
+w = StagedWriter(handle)
+start = int(sys.argv[2])
+w.write({"id": i, "writer": start} for i in range(start, start + 500))
+sys.stdout.write(w.finish().to_json().decode())
+"""
+
+
+def test_transaction_from_several_processes(shared_backend: Backend) -> None:
+    store = txstore.create(shared_backend.uri, chunk_bytes=4096, **shared_backend.kwargs())
+    store.append({"id": -1 - i} for i in range(10))
+    with Transaction(store, message="crawl 2026-11-29") as txn:
+        handle = txn.handle.to_json().decode()
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", WRITER, handle, str(start)],
+                stdout=subprocess.PIPE,
+                text=True,
+                cwd=REPO,
+            )
+            for start in (0, 500, 1000)
+        ]
+        outs = [p.communicate(timeout=300)[0] for p in procs]
+        assert all(p.returncode == 0 for p in procs)
+        store.append([{"id": 5000}])  # someone else commits meanwhile: rebased over
+        for out in outs:
+            txn.add(StagedPart.from_json(out))
+        assert store.version == 2  # nothing visible before the commit
+    assert txn.result is not None and txn.result.version == 3
+    assert txn.result.num_samples == 1500
+    assert _ids(store) == [*range(-10, 0), *range(1500), 5000]
+    assert store.snapshot(3).manifest.message == "crawl 2026-11-29"
+
+
+def test_abandoned_transaction_commits_nothing(tmp_path: Path) -> None:
+    store = txstore.create(str(tmp_path / "s"))
+    with pytest.raises(RuntimeError), Transaction(store) as txn:
+        txn.write({"id": i} for i in range(100))
+        raise RuntimeError("job killed")
+    assert store.version == 0
+    assert list(store.storage.list("chunks/")) == []
+    # A part from another transaction is refused.
+    other = Transaction(store)
+    part = Transaction(store).write([{"id": 1}])
+    with pytest.raises(txstore.TxstoreError, match="another transaction"):
+        other.add(part)
+
+
+def test_handle_round_trips_as_json(tmp_path: Path) -> None:
+    store = txstore.create(str(tmp_path / "s"), chunk_bytes="1MB")
+    handle = Transaction(store).handle
+    assert TransactionHandle.from_json(handle.to_json()) == handle
+    assert handle.config.chunk_bytes == 1_000_000
+
+
+def test_overwrite_racing_a_commit_conflicts(tmp_path: Path) -> None:
+    optimize(lambda i: {"id": i}, range(10), str(tmp_path / "s"), progress=False)
+    racer = txstore.open(str(tmp_path / "s"))
+
+    def slow(i: int) -> dict[str, Any]:
+        if i == 0:
+            racer.append([{"id": 99}])
+        return {"id": -i}
+
+    with pytest.raises(ConflictError, match="committed meanwhile"):
+        optimize(slow, range(5), str(tmp_path / "s"), mode="overwrite", progress=False)
+    assert _ids(racer) == [*range(10), 99]

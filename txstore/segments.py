@@ -76,6 +76,8 @@ class Segments:
             chunks = self.read(first).chunks + self.read(second).chunks
             done = self.write(chunks)
             with self._lock:
+                if len(self._merged) >= _CACHE_SEGMENTS:  # only the latest rebase needs it
+                    self._merged.clear()
                 self._merged[key] = done
         return done
 

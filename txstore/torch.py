@@ -34,7 +34,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate, default_convert
 
-from .errors import TxstoreError
+from .errors import MissingDataError, TxstoreError
 from .format.manifest import ChunkRef
 from .snapshot import ChunkReader, Fetched, Sample, Snapshot, sources
 from .storage import LocalStorage, MemoryStorage
@@ -144,11 +144,15 @@ class _ChunkFetcher:
 
     def _fetch(self, chunk: ChunkRef) -> Fetched:
         version, fields = self._snapshot.version, self._snapshot.fields
-        if self._cache is not None:
-            for src in sources(chunk):
-                if not os.path.exists(os.path.join(self._cache.root, src.path)):
-                    self._cache.write(src.path, self._remote.read_whole(src, version)[0])
-        return self._reader.fetch(chunk, version, fields)
+        if self._cache is None:
+            return self._remote.fetch(chunk, version, fields)
+        for src in sources(chunk):
+            if not os.path.exists(os.path.join(self._cache.root, src.path)):
+                self._cache.write(src.path, self._remote.read_whole(src, version)[0])
+        try:
+            return self._reader.fetch(chunk, version, fields)
+        except MissingDataError:  # another worker evicted it just now: read it remotely
+            return self._remote.fetch(chunk, version, fields)
 
     def release(self, chunk: ChunkRef) -> None:
         if self._cache is None:
@@ -364,6 +368,10 @@ class StreamingDataLoader(DataLoader[Any]):
     ) -> None:
         if not isinstance(dataset, StreamingDataset):
             raise TypeError("StreamingDataLoader needs a StreamingDataset")
+        if kwargs.get("persistent_workers"):
+            # Persistent workers keep the dataset they started with: they would miss
+            # set_epoch() and a loaded state, breaking the epoch order and resumption.
+            raise ValueError("StreamingDataLoader does not support persistent_workers=True")
         batched = kwargs.get("batch_size", 1) is not None
         collate = collate_fn or (default_collate if batched else default_convert)
         kwargs["collate_fn"] = _CountingCollate(collate)

@@ -77,17 +77,24 @@ def _added_txn(v: int, added: Sequence[dict[str, Any]], out: list[str]) -> str |
     return str(tag)
 
 
-def read_history(store: txstore.Store) -> History:
-    """Read every version; check each is its parent plus exactly one whole transaction."""
+def read_history(store: txstore.Store, first: int = 0) -> History:
+    """Read every version; check each is its parent plus exactly one whole transaction.
+
+    With ``first``, versions before it are taken as checked already (their tags are None):
+    incremental checks of a long history read only its new part.
+    """
     h = History()
     try:
         h.latest = store.version
-        h.samples = list(store.snapshot(h.latest))  # every chunk, every checksum
+        base = store.snapshot(first - 1) if first else None
+        skip = len(base) if base is not None else 0
+        h.samples = store.snapshot(h.latest)[skip:]  # every chunk read, every checksum
+        previous = [c.path for c in base.chunks()] if base is not None else []
     except txstore.TxstoreError as e:
         h.violations.append(f"cannot read the latest version: {type(e).__name__}: {e}")
         return h
-    previous: list[str] = []
-    for v in range(h.latest + 1):
+    h.tags = [None] * first
+    for v in range(first, h.latest + 1):
         try:
             snap = store.snapshot(v)
             paths = [c.path for c in snap.chunks()]
@@ -100,8 +107,8 @@ def read_history(store: txstore.Store) -> History:
             h.violations.append(f"version {v} names parent {m.parent}")
         if paths[: len(previous)] != previous:
             h.violations.append(f"version {v} does not extend its parent's chunks")
-        start = len(snap) - m.added_samples
-        tag = _added_txn(v, h.samples[start : len(snap)], h.violations) if v else None
+        added = h.samples[len(snap) - m.added_samples - skip : len(snap) - skip]
+        tag = _added_txn(v, added, h.violations) if v else None
         if tag is not None and m.txn_id not in (None, tag):
             h.violations.append(f"version {v} has txn_id {m.txn_id!r} but samples of {tag!r}")
         h.tags.append(tag)
@@ -162,10 +169,13 @@ def check_reads(acks: Sequence[Ack], reads: Sequence[Read], latest: int) -> list
 
 
 def violations(
-    store: txstore.Store, acks: Sequence[Ack] = (), reads: Sequence[Read] = ()
+    store: txstore.Store, acks: Sequence[Ack] = (), reads: Sequence[Read] = (), first: int = 0
 ) -> tuple[History, list[str]]:
-    """Every check at once: the history, and what is wrong with it (empty when all is well)."""
-    h = read_history(store)
+    """Every check at once: the history, and what is wrong with it (empty when all is well).
+
+    ``first``: as for ``read_history``; ``acks`` must then be of versions from ``first`` on.
+    """
+    h = read_history(store, first)
     found = [*h.violations, *check_acks(h, acks)]
     if any(a.end for a in acks):
         found += check_real_time_order(acks)

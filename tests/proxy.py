@@ -1,0 +1,217 @@
+"""A loopback HTTP/1.1 proxy that loses or delays an S3 server's replies, for network tests.
+
+It sits between s3fs and the server (both on 127.0.0.1) and forwards whole messages. For the
+k-th request, or those a predicate picks, it can
+
+- **drop** the reply: the server has processed the request (committed a PUT) and answered,
+  but the proxy closes the client's connection instead of passing the answer on;
+- **delay** the reply: hold the server's answer longer than the client waits for it.
+
+Each connection gets two threads (requests one way, replies the other); every socket has a
+timeout and the accept loop polls a stop flag, so nothing outlives ``close()`` for long.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+_IO_TIMEOUT = 30.0  # seconds a proxy thread waits on a silent socket before giving up
+_MAX_HEAD = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Request:
+    number: int  # 1, 2, ... in arrival order since the last reset
+    method: str
+    path: str
+
+
+@dataclass
+class Rule:
+    """What to do with the replies to requests that ``match``, at most ``times`` times."""
+
+    match: Callable[[Request], bool]
+    action: str  # "drop" or "delay"
+    times: int = 1
+    delay: float = 0.0
+
+
+class _Reader:
+    """Reads whole HTTP/1.1 messages (head and raw body) from a socket."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buf = b""
+
+    def _fill(self) -> bool:
+        data = self.sock.recv(65536)
+        self.buf += data
+        return bool(data)
+
+    def _take(self, n: int) -> bytes:
+        while len(self.buf) < n:
+            if not self._fill():
+                raise ConnectionError("peer closed mid-message")
+        out, self.buf = self.buf[:n], self.buf[n:]
+        return out
+
+    def _line(self) -> bytes:
+        while b"\r\n" not in self.buf:
+            if not self._fill():
+                raise ConnectionError("peer closed mid-line")
+        end = self.buf.index(b"\r\n") + 2
+        return self._take(end)
+
+    def head(self) -> tuple[bytes, str, dict[str, str]] | None:
+        """(raw head, first line, lower-cased headers), or None at a clean end of stream."""
+        while b"\r\n\r\n" not in self.buf:
+            if len(self.buf) > _MAX_HEAD:
+                raise ConnectionError("message head too large")
+            if not self._fill():
+                if self.buf:
+                    raise ConnectionError("peer closed mid-head")
+                return None
+        raw = self._take(self.buf.index(b"\r\n\r\n") + 4)
+        first, *lines = raw.decode("latin-1").split("\r\n")
+        headers = {}
+        for line in lines:
+            name, sep, value = line.partition(":")
+            if sep:
+                headers[name.strip().lower()] = value.strip()
+        return raw, first, headers
+
+    def body(self, headers: dict[str, str], has_body: bool) -> bytes:
+        if not has_body:
+            return b""
+        if "chunked" in headers.get("transfer-encoding", "").lower():
+            return self._chunked()
+        return self._take(int(headers.get("content-length", "0")))
+
+    def _chunked(self) -> bytes:
+        out = []
+        while True:
+            size_line = self._line()
+            out.append(size_line)
+            size = int(size_line.split(b";")[0].strip(), 16)
+            if size == 0:
+                while True:  # trailers, up to the empty line
+                    line = self._line()
+                    out.append(line)
+                    if line == b"\r\n":
+                        return b"".join(out)
+            out.append(self._take(size + 2))
+
+
+@dataclass
+class Proxy:
+    upstream: tuple[str, int]
+    rules: list[Rule] = field(default_factory=list)
+    seen: list[Request] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._sockets: list[socket.socket] = []
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener.settimeout(0.2)
+        self.port = self._listener.getsockname()[1]
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def reset(self, *rules: Rule) -> None:
+        """New rules; request numbers count from 1 again."""
+        with self._lock:
+            self.rules = list(rules)
+            self.seen = []
+
+    def disarm(self) -> None:
+        """No more faults; what was seen stays readable."""
+        with self._lock:
+            self.rules = []
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._listener.close()
+        with self._lock:
+            for sock in self._sockets:
+                sock.close()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except (TimeoutError, OSError):
+                continue
+            server = socket.create_connection(self.upstream, timeout=_IO_TIMEOUT)
+            client.settimeout(_IO_TIMEOUT)
+            with self._lock:
+                self._sockets += [client, server]
+            fates: queue.Queue[tuple[str, Rule | None]] = queue.Queue()
+            for target in (self._requests, self._replies):
+                threading.Thread(target=target, args=(client, server, fates), daemon=True).start()
+
+    def _fate(self, method: str, path: str) -> Rule | None:
+        with self._lock:
+            request = Request(len(self.seen) + 1, method, path)
+            self.seen.append(request)
+            for rule in self.rules:
+                if rule.times > 0 and rule.match(request):
+                    rule.times -= 1
+                    return rule
+        return None
+
+    def _requests(self, client: socket.socket, server: socket.socket, fates: queue.Queue) -> None:
+        reader = _Reader(client)
+        try:
+            while (message := reader.head()) is not None:
+                raw, first, headers = message
+                method, path, _ = first.split(" ", 2)
+                fates.put((method, self._fate(method, path)))  # before the server can answer
+                # The head goes first: with "Expect: 100-continue" the client sends its body
+                # only after the server's interim reply.
+                server.sendall(raw)
+                server.sendall(reader.body(headers, has_body=True))
+        except OSError:
+            pass
+        finally:
+            _close(client, server)
+
+    def _replies(self, client: socket.socket, server: socket.socket, fates: queue.Queue) -> None:
+        reader = _Reader(server)
+        try:
+            while (message := reader.head()) is not None:
+                raw, first, headers = message
+                status = int(first.split(" ", 2)[1])
+                if status < 200:  # 100 Continue: an interim reply, not the answer
+                    client.sendall(raw)
+                    continue
+                method, rule = fates.get(timeout=_IO_TIMEOUT)
+                no_body = method == "HEAD" or status in (204, 304)
+                body = reader.body(headers, has_body=not no_body)
+                if rule is not None and rule.action == "drop":
+                    return  # the server answered; the client never hears it
+                if rule is not None and rule.action == "delay":
+                    time.sleep(rule.delay)  # bounded: the rule's delay, once per reply
+                client.sendall(raw + body)
+        except (OSError, queue.Empty):
+            pass
+        finally:
+            _close(client, server)
+
+
+def _close(*socks: socket.socket) -> None:
+    for sock in socks:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+        sock.close()

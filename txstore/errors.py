@@ -79,3 +79,21 @@ class EncodeError(TxstoreError, ValueError):
 
 class StorageError(TxstoreError):
     """The storage backend failed in a way that may pass (network, permissions, disk)."""
+
+
+class VersionExpiredError(VersionNotFoundError):
+    """The version was expired by ``Store.expire``: its files may be gone.
+
+    Tag or lease the versions you need before expiring, or pin another version.
+    """
+
+
+class TagNotFoundError(NotFoundError, KeyError):
+    """The store has no tag of that name."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class TagExistsError(AlreadyExistsError):
+    """A tag of that name exists already; pass ``force=True`` to move it."""

@@ -1,4 +1,8 @@
-"""The public API: create or open a store, append, snapshot, log."""
+"""The public API: create or open a store, append, snapshot, log, and operate it.
+
+The operations live in their own modules (refs, lease, history, maintenance, compact,
+verify); ``Store`` ties them to one storage, version log and clock.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +10,15 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Iterable
-from dataclasses import dataclass
-from datetime import datetime, timezone
+from collections.abc import Callable, Iterable
+from datetime import timedelta
 from typing import Any
 
+from .compact import Compaction, CompactResult
 from .errors import (
     AlreadyExistsError,
     ConflictError,
+    CorruptError,
     StorageError,
     StoreExistsError,
     TxstoreError,
@@ -21,11 +26,29 @@ from .errors import (
 )
 from .format import manifest as fmt
 from .format.manifest import Manifest, StoreConfig
+from .history import Commit as Commit  # re-exported: txstore.store.Commit is public
+from .history import Diff, HistoryGuard, RollbackBuild, diff
+from .lease import DEFAULT_TTL, Lease
+from .maintenance import (
+    ExpireReport,
+    Progress,
+    VacuumReport,
+    expire,
+    no_progress,
+    parse_grace,
+    vacuum,
+)
+from .refs import LeaseInfo, Refs, TagInfo
 from .segments import Segments
 from .snapshot import ChunkReader, Snapshot
 from .storage import Storage, open_storage
 from .txn import RetryPolicy, VersionLog, commit, manifest_key
+from .units import parse_duration
+from .verify import VerifyReport, verify
 from .writer import ChunkWriter
+
+#: A version number, or the name of a tag.
+Ref = int | str
 
 DEFAULT_CHUNK_BYTES = 64 * 2**20
 DEFAULT_BLOCK_BYTES = 64 * 2**10
@@ -56,42 +79,24 @@ def parse_size(size: int | str) -> int:
     return value
 
 
-@dataclass(frozen=True)
-class Commit:
-    """One entry of a store's history."""
-
-    version: int
-    num_samples: int  # samples added by this commit
-    total_samples: int  # samples in the version it made
-    timestamp: datetime
-    message: str | None
-    operation: str
-    txn_id: str | None
-    commit_id: str
-
-    @classmethod
-    def from_manifest(cls, m: Manifest) -> Commit:
-        return cls(
-            version=m.version,
-            num_samples=m.added_samples,
-            total_samples=m.num_samples,
-            timestamp=datetime.fromtimestamp(m.timestamp, tz=timezone.utc),
-            message=m.message,
-            operation=m.operation,
-            txn_id=m.txn_id,
-            commit_id=m.commit_id,
-        )
-
-
 class Store:
     """A versioned dataset. Thread-safe; one instance per process is plenty."""
 
-    def __init__(self, storage: Storage, *, retry: RetryPolicy | None = None) -> None:
+    def __init__(
+        self,
+        storage: Storage,
+        *,
+        retry: RetryPolicy | None = None,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
         self._storage = storage
         self._log = VersionLog(storage)
         self._segments = Segments(storage)
         self._reader = ChunkReader(storage)
         self._retry = retry or RetryPolicy()
+        self._refs = Refs(self._log)
+        #: The time for expiry and leases (seconds since the epoch); tests may shift it.
+        self._clock = clock or time.time
 
     @property
     def uri(self) -> str:
@@ -113,15 +118,46 @@ class Store:
     def __repr__(self) -> str:
         return f"<txstore.Store {self.uri}>"
 
-    def snapshot(self, version: int | None = None) -> Snapshot:
-        """A pinned, read-only view of ``version`` (default: the latest)."""
-        if version is None:
-            manifest = self._log.latest()
-        else:
-            if isinstance(version, bool) or not isinstance(version, int) or version < 0:
-                raise VersionNotFoundError(f"no version {version!r} in {self.uri}")
-            manifest = self._log.read(version)
+    def snapshot(self, version: Ref | None = None) -> Snapshot:
+        """A pinned, read-only view of ``version`` or a tag (default: the latest).
+
+        Raises ``VersionNotFoundError``, ``TagNotFoundError``, or ``VersionExpiredError`` for
+        a version ``expire`` expired (a snapshot opened before keeps reading until ``vacuum``
+        deletes its files, a grace period after the expiry).
+        """
+        manifest = self._log.latest() if version is None else self._manifest(version)
         return Snapshot(manifest, self._storage, self._segments, self._reader)
+
+    def manifest(self, version: Ref | None = None) -> Manifest:
+        """The manifest of a version or tag (default: the latest), expired versions too:
+        manifests are never deleted."""
+        return (
+            self._log.latest() if version is None else self._manifest(version, check_expired=False)
+        )
+
+    def tag_info(self, name: str) -> TagInfo:
+        """One tag; ``TagNotFoundError`` if there is none."""
+        return TagInfo.from_doc(self._refs.tag(name))
+
+    def _manifest(self, ref: Ref, *, check_expired: bool = True) -> Manifest:
+        """The manifest of a version number or tag name; tagged versions never expire."""
+        if isinstance(ref, str) and ref.isdigit():
+            ref = int(ref)
+        if isinstance(ref, str):
+            tag = self._refs.tag(ref)
+            manifest = self._log.read(tag.version)
+            if manifest.commit_id != tag.commit_id:
+                raise CorruptError(
+                    f"tag {ref!r} of {self.uri} names version {tag.version} of another history "
+                    f"(commit {tag.commit_id}, the version is commit {manifest.commit_id})"
+                )
+            return manifest
+        if isinstance(ref, bool) or not isinstance(ref, int) or ref < 0:
+            raise VersionNotFoundError(f"no version {ref!r} in {self.uri}")
+        manifest = self._log.read(ref)
+        if check_expired:
+            self._refs.check_retained(ref, self._clock())
+        return manifest
 
     def log(self, limit: int | None = None) -> list[Commit]:
         """The commit history, newest first."""
@@ -141,13 +177,15 @@ class Store:
         Streams: a generator of any size holds a few chunks in memory. With ``txn_id``, a
         transaction already committed under that id is returned and nothing is written.
         Raises ``EncodeError`` (naming the sample and key) and leaves the store unchanged when
-        a sample cannot be stored.
+        a sample cannot be stored, and ``ConflictError`` if a rollback was committed while it
+        ran (nothing is committed: the caller decides whether the batch still belongs).
         """
         if txn_id is not None:
             existing = self._log.find_txn(txn_id, self._log.latest())
             if existing is not None:
                 return Commit.from_manifest(existing)
-        config = self._log.latest().config
+        start = self._log.latest()
+        config = start.config
         writer = ChunkWriter(self._storage, config)
         try:
             writer.write(samples)
@@ -158,8 +196,10 @@ class Store:
         added = writer.num_samples
         new_segment = self._segments.write(chunks) if chunks else None
         commit_id = uuid.uuid4().hex
+        guard = HistoryGuard(self._log, start)
 
         def build(parent: Manifest) -> Manifest:
+            guard.check(parent)  # a rollback since we began: the caller decides (ConflictError)
             segments = parent.segments
             if new_segment is not None:
                 segments = self._segments.append(segments, new_segment)
@@ -185,6 +225,163 @@ class Store:
         if not result.created:
             writer.abort()  # the same txn_id landed from elsewhere meanwhile
         return Commit.from_manifest(result.manifest)
+
+    # -- tags and leases -------------------------------------------------------------------
+
+    def tag(
+        self,
+        name: str,
+        version: Ref | None = None,
+        *,
+        message: str | None = None,
+        force: bool = False,
+    ) -> TagInfo:
+        """Name ``version`` (default: the latest) ``name``; ``snapshot(name)`` opens it.
+
+        A tagged version never expires. ``TagExistsError`` if the tag exists, unless ``force``
+        moves it; ``VersionExpiredError`` for an expired version.
+        """
+        manifest = self._log.latest() if version is None else self._manifest(version)
+        return TagInfo.from_doc(
+            self._refs.put_tag(name, manifest, message=message, force=force, now=self._clock())
+        )
+
+    def untag(self, name: str) -> TagInfo:
+        """Delete a tag (``TagNotFoundError`` if there is none); returns what it was."""
+        return TagInfo.from_doc(self._refs.delete_tag(name))
+
+    def tags(self) -> dict[str, TagInfo]:
+        """Every tag, by name."""
+        return {t.name: TagInfo.from_doc(t) for t in self._refs.tags()}
+
+    def lease(
+        self, version: Ref | None = None, *, ttl: float | str | timedelta = DEFAULT_TTL
+    ) -> Lease:
+        """Pin ``version`` (default: the latest) against expiry and vacuum while a job runs.
+
+        Renewed in the background every ttl/3; ``release()`` or leaving a ``with`` block
+        deletes it, and a job that dies stops protecting the version one ttl later.
+        """
+        manifest = self._log.latest() if version is None else self._manifest(version)
+        return Lease(self._refs, manifest, ttl=ttl, clock=self._clock)
+
+    def leases(self) -> list[LeaseInfo]:
+        """Every lease, lapsed ones included (``active`` tells them apart)."""
+        now = self._clock()
+        return sorted(
+            (LeaseInfo.from_doc(i, r, now) for i, r in self._refs.leases()),
+            key=lambda info: (info.version, info.expires_at),
+        )
+
+    # -- history ---------------------------------------------------------------------------
+
+    def rollback(
+        self, version: Ref, *, message: str | None = None, expected_version: int | None = None
+    ) -> Commit:
+        """Commit a new version whose samples are those of ``version`` (or a tag).
+
+        History stays: the versions rolled over remain readable. ``expected_version`` is the
+        latest version the caller looked at (default: the latest now); if anything else is
+        committed first, nothing is committed and ``ConflictError`` is raised, so a racing
+        append is never dropped silently.
+        """
+        target = self._manifest(version)
+        seen = self._log.latest_version() if expected_version is None else expected_version
+        if target.version == seen:
+            raise ValueError(f"version {target.version} is the latest already")
+        build = RollbackBuild(target, seen, message, self.uri)
+        return Commit.from_manifest(commit(self._log, build, policy=self._retry).manifest)
+
+    def diff(self, a: Ref, b: Ref) -> Diff:
+        """The commits between two versions and the samples ``b`` adds and removes vs ``a``."""
+        return diff(
+            self._log,
+            self._manifest(a, check_expired=False).version,
+            self._manifest(b, check_expired=False).version,
+        )
+
+    # -- retention, garbage collection, compaction, verification ---------------------------
+
+    def expire(
+        self,
+        *,
+        keep_last: int | None = None,
+        older_than: float | str | timedelta | None = None,
+        dry_run: bool = False,
+    ) -> ExpireReport:
+        """Expire versions but the last ``keep_last`` that are ``older_than`` (e.g. "30d").
+
+        With both, a version must meet both to expire. The latest, tagged and leased versions
+        never expire. Nothing is deleted: ``vacuum`` reclaims the space later.
+        """
+        age = None if older_than is None else parse_duration(older_than)
+        return expire(
+            self._log,
+            self._refs,
+            keep_last=keep_last,
+            older_than=age,
+            now=self._clock,
+            dry_run=dry_run,
+        )
+
+    def expired_versions(self) -> set[int]:
+        """The versions that are expired now (listed by ``expire``, not tagged or leased)."""
+        retention, _ = self._refs.retention()
+        if not retention.expired:
+            return set()
+        protected = self._refs.protection(self._clock())
+        return {
+            v for r in retention.expired for v in range(r.first, r.last + 1) if v not in protected
+        }
+
+    def vacuum(
+        self,
+        *,
+        grace: float | str | timedelta | None = None,
+        dry_run: bool = False,
+        progress: Progress | None = None,
+    ) -> VacuumReport:
+        """Delete files no kept version needs that are older than ``grace`` (default 7 days).
+
+        Safe while others append, as long as ``grace`` exceeds the longest append or
+        compaction: until they commit, their new files are named by no version.
+        """
+        return vacuum(
+            self._log,
+            self._segments,
+            self._refs,
+            grace=parse_grace(grace),
+            now=self._clock,
+            dry_run=dry_run,
+            progress=progress or no_progress,
+        )
+
+    def compact(
+        self,
+        *,
+        message: str | None = None,
+        dry_run: bool = False,
+        progress: Progress | None = None,
+    ) -> CompactResult:
+        """Rewrite runs of undersized chunks into full ones, as a new version (operation
+        "compact") with the same samples in the same order. Appends committed meanwhile are
+        kept; anything else committed meanwhile raises ``ConflictError``."""
+        return Compaction(self._log, self._segments, self._reader, self._retry).run(
+            message=message, dry_run=dry_run, progress=progress or no_progress
+        )
+
+    def verify(self, *, deep: bool = False, progress: Progress | None = None) -> VerifyReport:
+        """Check every file unexpired versions need (present, size, checksums); ``deep``
+        decodes every sample too. Reports damage in ``problems``; never repairs."""
+        return verify(
+            self._log,
+            self._segments,
+            self._refs,
+            lambda v: Snapshot(self._log.read(v), self._storage, self._segments, self._reader),
+            now=self._clock(),
+            deep=deep,
+            progress=progress or no_progress,
+        )
 
     def close(self) -> None:
         self._storage.close()

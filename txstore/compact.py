@@ -1,0 +1,238 @@
+"""Compaction: rewrite runs of undersized chunks into full ones; same samples, same order.
+
+Each append leaves its last chunk part-filled, so many small appends leave many small chunks.
+``compact`` finds runs of consecutive undersized chunks whose samples fit in fewer chunks,
+re-encodes their samples with the store's settings, and commits a version (operation
+"compact", ``source_version`` the version it read) whose chunk list is the old one with each
+run replaced. Appends committed meanwhile are kept: appends only add chunks at the end, so the
+new list is the compacted one plus the parent's chunks after those compaction read. Anything
+else committed meanwhile (a rollback, another compaction) is a ConflictError, and nothing is
+committed.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+from .errors import ConflictError, CorruptError
+from .format.manifest import ChunkRef, Manifest, SegmentRef
+from .history import Commit
+from .maintenance import Progress, data_files, no_progress
+from .segments import MAX_SEGMENT_CHUNKS, Segments
+from .snapshot import ChunkReader, Sample, Snapshot
+from .txn import CommitResult, RetryPolicy, VersionLog, commit
+from .writer import ChunkWriter
+
+#: A chunk this close to ``chunk_bytes`` counts as full and is left alone.
+FULL = 0.9
+
+
+@dataclass(frozen=True)
+class Run:
+    """Chunks ``start`` to ``stop`` (exclusive) of a version, to be rewritten together."""
+
+    start: int
+    stop: int
+    bytes: int
+    samples: int
+    #: Chunks the run should become (an estimate from the sizes).
+    target_chunks: int
+
+    @property
+    def chunks(self) -> int:
+        return self.stop - self.start
+
+
+def _size(chunk: ChunkRef) -> int:
+    return sum(f.size for f in data_files(chunk))
+
+
+def plan(chunks: Sequence[ChunkRef], chunk_bytes: int) -> list[Run]:
+    """The runs of undersized chunks worth rewriting: those that would become fewer chunks."""
+    runs: list[Run] = []
+    i, n = 0, len(chunks)
+    while i < n:
+        if _size(chunks[i]) >= FULL * chunk_bytes:
+            i += 1
+            continue
+        j = i
+        while j < n and _size(chunks[j]) < FULL * chunk_bytes:
+            j += 1
+        size = sum(_size(c) for c in chunks[i:j])
+        target = max(1, math.ceil(size / chunk_bytes))
+        if target < j - i:
+            runs.append(Run(i, j, size, sum(c.num_samples for c in chunks[i:j]), target))
+        i = j
+    return runs
+
+
+@dataclass(frozen=True)
+class CompactResult:
+    #: The version committed, or None when nothing was worth rewriting (or a dry run).
+    commit: Commit | None
+    #: The version whose chunks were read.
+    source: int
+    runs: list[Run]
+    chunks_before: int
+    #: Chunks of the source's samples afterwards (an estimate in a dry run).
+    chunks_after: int
+    dry_run: bool
+
+    @property
+    def bytes_rewritten(self) -> int:
+        return sum(r.bytes for r in self.runs)
+
+    @property
+    def samples_rewritten(self) -> int:
+        return sum(r.samples for r in self.runs)
+
+
+def _counted(
+    samples: Iterable[Sample], done: list[int], total: int, progress: Progress
+) -> Iterator[Sample]:
+    for sample in samples:
+        yield sample
+        done[0] += 1
+        if done[0] % 1024 == 0:
+            progress("compacting", done[0], total)
+
+
+def _pieces(chunks: Sequence[ChunkRef]) -> list[list[ChunkRef]]:
+    return [
+        list(chunks[i : i + MAX_SEGMENT_CHUNKS]) for i in range(0, len(chunks), MAX_SEGMENT_CHUNKS)
+    ]
+
+
+class Compaction:
+    """One compaction of the latest version: plan, rewrite, commit (rebasing over appends)."""
+
+    def __init__(
+        self, log: VersionLog, segments: Segments, reader: ChunkReader, retry: RetryPolicy
+    ) -> None:
+        self.log = log
+        self.storage = log.storage
+        self.segments = segments
+        self.reader = reader
+        self.retry = retry
+
+    def run(
+        self, *, message: str | None, dry_run: bool, progress: Progress = no_progress
+    ) -> CompactResult:
+        base = self.log.latest()
+        snap = Snapshot(base, self.storage, self.segments, self.reader)
+        chunks = snap.chunks()
+        runs = plan(chunks, base.config.chunk_bytes)
+        estimate = len(chunks) - sum(r.chunks - r.target_chunks for r in runs)
+        if dry_run or not runs:
+            return CompactResult(None, base.version, runs, len(chunks), estimate, dry_run)
+        writers: list[ChunkWriter] = []
+        try:
+            compacted = self._rewrite(snap, chunks, runs, writers, progress)
+            own = self._segments_for(base, chunks, compacted, runs[0].start)
+        except BaseException:
+            for w in writers:  # nothing names the new chunks yet
+                w.abort()
+            raise
+        try:
+            result = self._commit(base, chunks, own, message)
+        except ConflictError:  # every attempt lost or gave up: ours never landed
+            for w in writers:
+                w.abort()
+            raise
+        # Any other error may leave the commit's outcome unknown: the chunks stay (vacuum).
+        return CompactResult(
+            Commit.from_manifest(result.manifest),
+            base.version,
+            runs,
+            len(chunks),
+            len(compacted),
+            dry_run=False,
+        )
+
+    def _rewrite(
+        self,
+        snap: Snapshot,
+        chunks: list[ChunkRef],
+        runs: list[Run],
+        writers: list[ChunkWriter],
+        progress: Progress,
+    ) -> list[ChunkRef]:
+        out: list[ChunkRef] = []
+        done, total = [0], sum(r.samples for r in runs)
+        progress("compacting", 0, total)
+        previous = 0
+        for run in runs:
+            out += chunks[previous : run.start]
+            writer = ChunkWriter(self.storage, snap.manifest.config)
+            writers.append(writer)
+            samples = snap.iter_chunks(chunks[run.start : run.stop])
+            writer.write(_counted(samples, done, total, progress))
+            written = writer.finish()
+            if sum(c.num_samples for c in written) != run.samples:
+                raise CorruptError(f"compaction of {self.storage.uri} lost samples: aborted")
+            out += written
+            previous = run.stop
+        progress("compacting", total, total)
+        return out + chunks[previous:]
+
+    def _segments_for(
+        self, base: Manifest, old: list[ChunkRef], new: list[ChunkRef], first_change: int
+    ) -> tuple[SegmentRef, ...]:
+        """Segments for ``new``: the base's own wherever they end before the first change."""
+        kept: list[SegmentRef] = []
+        at = 0
+        for ref in base.segments:
+            if at + ref.num_chunks > first_change:
+                break
+            kept.append(ref)
+            at += ref.num_chunks
+        assert new[:at] == old[:at]
+        return (*kept, *(self.segments.write(p) for p in _pieces(new[at:])))
+
+    def _parent_chunks(self, m: Manifest) -> list[ChunkRef]:
+        return [c for ref in m.segments for c in self.segments.read(ref, version=m.version).chunks]
+
+    def _commit(
+        self,
+        base: Manifest,
+        old: list[ChunkRef],
+        own: tuple[SegmentRef, ...],
+        message: str | None,
+    ) -> CommitResult:
+        commit_id = uuid.uuid4().hex
+        uri = self.storage.uri
+
+        def build(parent: Manifest) -> Manifest:
+            segments = own
+            if parent.version != base.version:
+                for v in range(base.version + 1, parent.version + 1):
+                    op = (parent if v == parent.version else self.log.read(v)).operation
+                    if op != "append":
+                        raise ConflictError(
+                            f"version {v} of {uri} ({op}) was committed while compacting "
+                            f"version {base.version}; nothing was committed: compact again"
+                        )
+                chunks = self._parent_chunks(parent)
+                if chunks[: len(old)] != old:
+                    raise ConflictError(f"{uri} changed under compaction; compact again")
+                for piece in _pieces(chunks[len(old) :]):
+                    segments = self.segments.append(segments, self.segments.write(piece))
+            return Manifest(
+                version=parent.version + 1,
+                parent=parent.version,
+                commit_id=commit_id,
+                operation="compact",
+                timestamp=time.time(),
+                message=message,
+                num_samples=parent.num_samples,
+                added_samples=0,
+                config=parent.config,
+                segments=segments,
+                source_version=base.version,
+            )
+
+        return commit(self.log, build, policy=self.retry)

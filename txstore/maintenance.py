@@ -1,0 +1,351 @@
+"""Retention and garbage collection: ``expire`` marks versions expired, ``vacuum`` deletes files.
+
+``expire`` deletes nothing: it adds versions to ``refs/retention.json``. Manifests stay (they
+are small), so versions stay contiguous from 0 and the latest-version search, the log, ``diff``
+and transaction ids keep working; opening an expired version raises ``VersionExpiredError``.
+
+``vacuum`` deletes data files (chunks, segments) that no *kept* version needs, abandoned temp
+files and long-lapsed leases, and only files older than the grace period. Kept versions are
+the unexpired ones, the tagged or leased ones, and those expired less than the grace period
+ago (a reader that opened one just before it expired keeps reading). The grace period also
+protects the files of writers still at work: no version names their chunks until they commit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import NamedTuple, TypeVar
+
+from .errors import ConflictError, CorruptError, TxstoreError
+from .format import manifest as fmt
+from .format.manifest import ChunkRef, Manifest, SegmentRef
+from .refs import LEASES, RETENTION_KEY, Refs, find_expired, lease_key, with_expired
+from .segments import Segments
+from .storage import FileInfo, Storage
+from .storage.local import TEMP_PREFIX
+from .txn import VersionLog
+from .units import parse_duration
+
+#: (stage, done, total): called as long work advances; the CLI draws a progress line from it.
+Progress = Callable[[str, int, int], None]
+
+DEFAULT_GRACE = 7 * 86400.0
+DATA_PREFIXES = ("chunks/", "segments/")
+THREADS = 16
+_CAS_ATTEMPTS = 20
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def no_progress(stage: str, done: int, total: int) -> None:
+    pass
+
+
+def parallel(fn: Callable[[T], R], items: Sequence[T], stage: str, progress: Progress) -> list[R]:
+    """``fn`` over ``items`` on a thread pool (object stores answer slowly, in parallel)."""
+    if not items:
+        return []
+    progress(stage, 0, len(items))
+    out: list[R] = []
+    with ThreadPoolExecutor(max_workers=min(THREADS, len(items))) as pool:
+        for i, result in enumerate(pool.map(fn, items), 1):
+            out.append(result)
+            progress(stage, i, len(items))
+    return out
+
+
+class DataFile(NamedTuple):
+    """A chunk-format file a version needs, and what its manifest says about it."""
+
+    path: str
+    size: int
+    crc32: int
+    footer_offset: int
+
+
+def data_files(chunk: ChunkRef) -> list[DataFile]:
+    """The chunk file and its field files (format 1.1)."""
+    files = [DataFile(chunk.path, chunk.size, chunk.crc32, chunk.footer_offset)]
+    files += [DataFile(f.path, f.size, f.crc32, f.footer_offset) for f in chunk.field_files]
+    return files
+
+
+def is_temp(key: str) -> bool:
+    return key.rpartition("/")[2].startswith(TEMP_PREFIX)
+
+
+@dataclass
+class Problem:
+    """Damage found: which object, and what is wrong with it."""
+
+    key: str
+    message: str
+
+
+@dataclass
+class Reach:
+    """What a set of versions needs: manifests, segments, chunks."""
+
+    manifests: dict[int, Manifest]
+    segments: dict[str, SegmentRef]
+    chunks: dict[ChunkRef, int]  # each distinct chunk reference -> a version that names it
+    files: dict[str, DataFile]  # every data file by key
+    problems: list[Problem]
+
+    @property
+    def keys(self) -> set[str]:
+        return set(self.segments) | set(self.files)
+
+
+def read_manifests(
+    log: VersionLog, versions: Iterable[int], progress: Progress = no_progress
+) -> tuple[dict[int, Manifest], list[Problem]]:
+    wanted = list(versions)
+
+    def read(v: int) -> Manifest | Problem:
+        try:
+            return log.read(v)
+        except TxstoreError as e:
+            return Problem(f"versions/index.v{v}.json", str(e))
+
+    found: dict[int, Manifest] = {}
+    problems: list[Problem] = []
+    for v, got in zip(wanted, parallel(read, wanted, "reading manifests", progress), strict=True):
+        if isinstance(got, Problem):
+            problems.append(got)
+        else:
+            found[v] = got
+    return found, problems
+
+
+def reach(
+    log: VersionLog,
+    segments: Segments,
+    versions: Iterable[int],
+    *,
+    tolerate: frozenset[int] = frozenset(),
+    progress: Progress = no_progress,
+) -> Reach:
+    """Every file ``versions`` need; damage is a problem unless only ``tolerate`` versions
+    (expired ones, which a vacuum may have cleaned already) need the damaged file."""
+    manifests, problems = read_manifests(log, versions, progress)
+    refs: dict[str, SegmentRef] = {}
+    owners: dict[str, set[int]] = {}
+    for v, m in manifests.items():
+        total = 0
+        for ref in m.segments:
+            refs.setdefault(ref.path, ref)
+            owners.setdefault(ref.path, set()).add(v)
+            total += ref.num_samples
+        if total != m.num_samples and v not in tolerate:
+            problems.append(
+                Problem(
+                    f"versions/index.v{v}.json",
+                    f"segments hold {total} samples, not {m.num_samples}",
+                )
+            )
+
+    def read(ref: SegmentRef) -> tuple[ChunkRef, ...] | Exception:
+        try:
+            return segments.read(ref).chunks
+        except TxstoreError as e:
+            return e
+
+    out = Reach(manifests, {}, {}, {}, problems)
+    listed = list(refs.values())
+    for ref, got in zip(listed, parallel(read, listed, "reading segments", progress), strict=True):
+        strict = not owners[ref.path] <= tolerate
+        if isinstance(got, Exception):
+            if strict:
+                problems.append(Problem(ref.path, str(got)))
+            continue
+        samples = sum(c.num_samples for c in got)
+        if strict and (samples != ref.num_samples or len(got) != ref.num_chunks):
+            problems.append(
+                Problem(
+                    ref.path,
+                    f"holds {len(got)} chunks and {samples} samples, its "
+                    f"manifest says {ref.num_chunks} and {ref.num_samples}",
+                )
+            )
+        out.segments[ref.path] = ref
+        version = min(owners[ref.path])
+        for chunk in got:
+            out.chunks.setdefault(chunk, version)
+            for f in data_files(chunk):
+                out.files.setdefault(f.path, f)
+    return out
+
+
+def retained_versions(
+    log: VersionLog, refs: Refs, now: float, grace: float | None
+) -> tuple[int, list[int], frozenset[int]]:
+    """(latest, versions to keep, the expired ones among them kept by the grace period).
+
+    Reads the retention record before the tags and leases (see refs.py). With ``grace`` None,
+    only unexpired versions are kept.
+    """
+    retention, _ = refs.retention()
+    protection = refs.protection(now)
+    latest = log.latest_version()
+    keep: list[int] = []
+    graced: set[int] = set()
+    for v in range(latest + 1):
+        listed = find_expired(retention, v)
+        if listed is None or v in protection:
+            keep.append(v)
+        elif grace is not None and listed.expired_at > now - grace:
+            keep.append(v)
+            graced.add(v)
+    return latest, keep, frozenset(graced)
+
+
+# -- expire ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ExpireReport:
+    #: Versions expired by this call (that would be, in a dry run).
+    expired: list[int]
+    #: Versions old enough to expire that a tag or an unexpired lease kept, with those refs.
+    protected: dict[int, list[str]]
+    latest: int
+    dry_run: bool
+
+
+def expire(
+    log: VersionLog,
+    refs: Refs,
+    *,
+    keep_last: int | None,
+    older_than: float | None,
+    now: Callable[[], float],
+    dry_run: bool = False,
+) -> ExpireReport:
+    """Expire every version but the last ``keep_last`` that is older than ``older_than``
+    seconds (both conditions, when both are given), skipping tagged and leased versions."""
+    if keep_last is None and older_than is None:
+        raise ValueError("expire needs keep_last, older_than or both")
+    if keep_last is not None and (isinstance(keep_last, bool) or keep_last < 1):
+        raise ValueError(f"keep_last must be at least 1 (the latest is always kept): {keep_last}")
+    for _ in range(_CAS_ATTEMPTS):
+        t = now()
+        retention, token = refs.retention()
+        protection = refs.protection(t)
+        latest = log.latest_version()
+        last = latest - (keep_last or 1)  # the newest version that may expire
+        candidates = [v for v in range(last + 1) if find_expired(retention, v) is None]
+        if older_than is not None:
+            manifests, problems = read_manifests(log, candidates)
+            if problems:
+                raise CorruptError(f"cannot expire: {problems[0].key}: {problems[0].message}")
+            candidates = [v for v in candidates if manifests[v].timestamp <= t - older_than]
+        chosen = [v for v in candidates if v not in protection]
+        report = ExpireReport(
+            expired=chosen,
+            protected={v: protection[v] for v in candidates if v in protection},
+            latest=latest,
+            dry_run=dry_run,
+        )
+        if dry_run or not chosen:
+            return report
+        updated = with_expired(retention, chosen, t)
+        try:
+            refs.storage.compare_and_swap(RETENTION_KEY, fmt.encode(updated), token)
+        except ConflictError:
+            continue  # another expire (or vacuum) changed the record: recompute
+        return report
+    raise ConflictError(f"gave up expiring {log.storage.uri}: the retention record kept changing")
+
+
+# -- vacuum ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class VacuumReport:
+    #: Files deleted (that would be, in a dry run), with their sizes.
+    files: list[FileInfo]
+    dry_run: bool
+    grace: float
+    #: Versions whose files were kept, and expired versions whose files could go.
+    kept_versions: int
+    expired_versions: int
+
+    @property
+    def bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+
+def _collectable(key: str, data_prefixes: tuple[str, ...]) -> bool:
+    if is_temp(key):
+        return True
+    name = key.rpartition("/")[2]
+    return key.startswith(data_prefixes) and not name.startswith(".")
+
+
+def vacuum(
+    log: VersionLog,
+    segments: Segments,
+    refs: Refs,
+    *,
+    grace: float,
+    now: Callable[[], float],
+    dry_run: bool = False,
+    progress: Progress = no_progress,
+) -> VacuumReport:
+    storage = log.storage
+    t = now()
+    cutoff = t - grace
+    latest, keep, graced = retained_versions(log, refs, t, grace)
+    needed = reach(log, segments, keep, tolerate=graced, progress=progress)
+    _refuse_if_damaged(storage, needed)
+    progress("listing files", 0, 1)
+    listing = list(storage.list(""))
+    progress("listing files", 1, 1)
+    newest = log.latest_version()
+    if newest > latest:  # committed while we looked: keep what they need too
+        more = reach(log, segments, range(latest + 1, newest + 1), progress=progress)
+        _refuse_if_damaged(storage, more)
+        needed.segments.update(more.segments)
+        needed.files.update(more.files)
+    keys = needed.keys
+    # Field files may live in folders of their own: collect there too.
+    prefixes = DATA_PREFIXES + tuple(
+        {f.path.rpartition("/")[0] + "/" for f in needed.files.values()} - set(DATA_PREFIXES)
+    )
+    lapsed = {lease_key(lease_id) for lease_id, lease in refs.leases() if lease.expires_at < cutoff}
+    doomed = [
+        f
+        for f in listing
+        if f.mtime < cutoff
+        and (
+            (f.key not in keys and _collectable(f.key, prefixes))
+            or (f.key.startswith(LEASES) and f.key in lapsed)
+        )
+    ]
+    if not dry_run:
+        parallel(lambda f: storage.delete(f.key), doomed, "deleting", progress)
+    return VacuumReport(
+        files=doomed,
+        dry_run=dry_run,
+        grace=grace,
+        kept_versions=len(keep),
+        expired_versions=latest + 1 - len(keep),
+    )
+
+
+def _refuse_if_damaged(storage: Storage, found: Reach) -> None:
+    if found.problems:
+        first = found.problems[0]
+        raise CorruptError(
+            f"vacuum stopped before deleting anything: {len(found.problems)} damaged object(s) "
+            f"in {storage.uri}, first {first.key}: {first.message}. Run `txstore verify`"
+        )
+
+
+def parse_grace(grace: float | str | timedelta | None) -> float:
+    return DEFAULT_GRACE if grace is None else parse_duration(grace)

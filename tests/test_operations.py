@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -21,7 +21,7 @@ from txstore.errors import (
     VersionExpiredError,
     VersionNotFoundError,
 )
-from txstore.storage import open_storage
+from txstore.storage import FileInfo, Storage, open_storage
 from txstore.store import Store
 
 from .conftest import Backend
@@ -438,3 +438,82 @@ def test_diff_across_compaction_and_overwrite(tmp_path: Any) -> None:
             t.commit(replace_version=5, operation="overwrite")
 
         store.append(samples())
+
+
+class _Hooked(Storage):
+    """Delegates to ``inner``; runs ``hook`` once, just before the first write of a key
+    under ``prefix``: a deterministic interleaving of two clients."""
+
+    def __init__(self, inner: Storage, prefix: str, hook: Callable[[], None]) -> None:
+        self.inner, self.prefix, self.hook = inner, prefix, hook
+        self.uri, self.storage_options = inner.uri, inner.storage_options
+        self.fired = False
+
+    def _maybe(self, key: str) -> None:
+        if key.startswith(self.prefix) and not self.fired:
+            self.fired = True
+            self.hook()
+
+    def read(self, key: str) -> bytes:
+        return self.inner.read(key)
+
+    def read_range(self, key: str, start: int, end: int) -> bytes:
+        return self.inner.read_range(key, start, end)
+
+    def write(self, key: str, data: Any) -> None:
+        self._maybe(key)
+        self.inner.write(key, data)
+
+    def put_if_absent(self, key: str, data: bytes) -> None:
+        self._maybe(key)
+        self.inner.put_if_absent(key, data)
+
+    def read_with_token(self, key: str) -> tuple[bytes, str]:
+        return self.inner.read_with_token(key)
+
+    def compare_and_swap(self, key: str, data: bytes, token: str | None) -> None:
+        self._maybe(key)
+        self.inner.compare_and_swap(key, data, token)
+
+    def exists(self, key: str) -> bool:
+        return self.inner.exists(key)
+
+    def list(self, prefix: str) -> Iterator[FileInfo]:
+        return self.inner.list(prefix)
+
+    def delete(self, key: str) -> None:
+        self.inner.delete(key)
+
+
+@pytest.mark.parametrize("kind", ["tag", "lease"])
+def test_ref_racing_expire_never_protects_a_version_vacuum_may_take(
+    backend: Backend, kind: str
+) -> None:
+    """expire lists the version after the ref's first check, before the ref is written: the
+    check after the write sees it, removes the ref and fails."""
+    make(backend, appends=3)
+    admin = reopen(backend)
+    prefix = "refs/tags/" if kind == "tag" else "refs/leases/"
+    hooked = _Hooked(
+        open_storage(backend.uri, backend.storage_options),
+        prefix,
+        lambda: admin.expire(keep_last=1),
+    )
+    store = txstore.open(hooked)
+    with pytest.raises(VersionExpiredError):
+        store.tag("late", 1) if kind == "tag" else store.lease(1)
+    assert hooked.fired
+    assert admin.tags() == {} and admin.leases() == []
+    assert 1 in admin.expired_versions()
+
+
+def test_lease_without_a_store(backend: Backend) -> None:
+    """What Snapshot.lease / StreamingDataset use: a storage and a manifest."""
+    from txstore.lease import lease_version
+
+    store = make(backend, appends=2)
+    snap = store.snapshot(1)
+    with lease_version(open_storage(backend.uri, backend.storage_options), snap.manifest) as lease:
+        assert [(info.version, info.id) for info in store.leases()] == [(1, lease.id)]
+        assert store.expire(keep_last=1).expired == [0]
+    assert store.leases() == []

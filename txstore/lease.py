@@ -12,6 +12,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
@@ -21,6 +22,8 @@ from .errors import TxstoreError
 from .format import manifest as fmt
 from .format.manifest import LeaseRecord, Manifest
 from .refs import Refs, lease_key
+from .storage import Storage
+from .txn import VersionLog
 from .units import parse_duration
 
 log = logging.getLogger(__name__)
@@ -135,3 +138,15 @@ class Lease:
     def __repr__(self) -> str:
         state = "released" if self.released else f"until {self.expires_at:%Y-%m-%d %H:%M:%S}"
         return f"<txstore.Lease {self.id[:8]} version={self.version} {state}>"
+
+
+def lease_version(
+    storage: Storage,
+    manifest: Manifest,
+    *,
+    ttl: float | str | timedelta = DEFAULT_TTL,
+    clock: Callable[[], float] = time.time,
+) -> Lease:
+    """A lease on ``manifest``'s version, for code that holds a storage and a manifest but no
+    Store (``Snapshot.lease``, ``StreamingDataset``)."""
+    return Lease(Refs(VersionLog(storage)), manifest, ttl=ttl, clock=clock)

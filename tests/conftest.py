@@ -198,3 +198,16 @@ def race_server(request: pytest.FixtureRequest) -> S3Server:
     name = "s3_server" if request.param == "moto" else "ministack_server"
     server: S3Server = request.getfixturevalue(name)
     return server
+
+
+@pytest.fixture
+def proxy(s3_server: S3Server) -> Iterator[Any]:
+    """A loopback proxy (tests/proxy.py) in front of the moto server, to lose or delay replies."""
+    from .proxy import Proxy
+
+    host, port = s3_server.endpoint.removeprefix("http://").split(":")
+    p = Proxy((host, int(port)))
+    try:
+        yield p
+    finally:
+        p.close()

@@ -124,7 +124,7 @@ def check_acks(h: History, acks: Iterable[Ack]) -> list[str]:
     """Every acknowledged append is at the version it reported (all reports of a tag agree)."""
     out = []
     for ack in acks:
-        if not 0 < ack.version <= h.latest or h.tags[ack.version] != ack.tag:
+        if not 0 < ack.version < len(h.tags) or h.tags[ack.version] != ack.tag:
             found = h.version_of(ack.tag)
             out.append(f"{ack.tag!r} was acknowledged at version {ack.version}, is at {found}")
     return out

@@ -79,6 +79,7 @@ class RacingStorage(FaultyStorage):
 
 class HistoryMachine(RuleBasedStateMachine):
     backend = "memory"
+    storage_class = RacingStorage  # test_teeth.py swaps in a broken one
 
     def __init__(self) -> None:
         super().__init__()
@@ -116,7 +117,7 @@ class HistoryMachine(RuleBasedStateMachine):
 
     @rule()
     def reopen(self) -> None:
-        self.faulty = RacingStorage(self.raw)
+        self.faulty = self.storage_class(self.raw)
         self.writer = txstore.Store(self.faulty)
 
     @rule(kind=st.sampled_from(["garbage", "missing", "stale", "future", "empty"]))

@@ -8,7 +8,6 @@ settles it exactly once.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -23,16 +22,6 @@ from .proxy import Proxy, Request, Rule
 READ_TIMEOUT = 0.5  # seconds the client waits for a reply (moto answers in ms); delays exceed it
 
 
-@pytest.fixture
-def proxy(s3_server: S3Server) -> Iterator[Proxy]:
-    host, port = s3_server.endpoint.removeprefix("http://").split(":")
-    p = Proxy((host, int(port)))
-    try:
-        yield p
-    finally:
-        p.close()
-
-
 def _through(proxy: Proxy, server: S3Server, attempts: int) -> dict[str, Any]:
     """Storage options that reach the server through the proxy, with a short read timeout."""
     config = {
@@ -43,7 +32,7 @@ def _through(proxy: Proxy, server: S3Server, attempts: int) -> dict[str, Any]:
     return dict(server.options, endpoint_url=proxy.endpoint, config_kwargs=config)
 
 
-def _is_commit(request: Request) -> bool:
+def is_commit(request: Request) -> bool:
     return request.method == "PUT" and "/versions/index.v" in request.path
 
 
@@ -103,7 +92,7 @@ def test_lost_replies_to_the_commit(
 ) -> None:
     """The server commits the manifest; its reply, and those to replays, never arrive."""
     case = Case(s3_server, proxy)
-    reported = case.append("t", Rule(_is_commit, "drop", times=lost), txn=txn)
+    reported = case.append("t", Rule(is_commit, "drop", times=lost), txn=txn)
     if lost == 1:
         assert reported == 2  # the client's replay met our own manifest: read back, ours
     assert case.check("t", reported, retry=txn) == []
@@ -114,7 +103,7 @@ def test_reply_to_the_commit_delayed_past_the_client_timeout(
     s3_server: S3Server, proxy: Proxy, attempts: int
 ) -> None:
     case = Case(s3_server, proxy, attempts)
-    rule = Rule(_is_commit, "delay", times=attempts, delay=2.5 * READ_TIMEOUT)
+    rule = Rule(is_commit, "delay", times=attempts, delay=2.5 * READ_TIMEOUT)
     reported = case.append("t", rule)
     assert reported in (2, None)
     assert case.check("t", reported) == []
@@ -128,7 +117,7 @@ def _requests_of_an_append(case: Case) -> list[Request]:
 def test_lost_reply_at_every_request_of_an_append(s3_server: S3Server, proxy: Proxy) -> None:
     case = Case(s3_server, proxy)
     requests = _requests_of_an_append(case)
-    assert sum(_is_commit(r) for r in requests) == 1
+    assert sum(is_commit(r) for r in requests) == 1
     for k in range(1, len(requests) + 1):
         reported = case.append(f"t{k}", Rule(lambda r, k=k: r.number == k, "drop"))
         assert case.check(f"t{k}", reported) == [], f"reply to request {k} lost"

@@ -26,17 +26,18 @@ from txstore.storage import open_storage
 
 from .conftest import Backend, S3Server
 from .helpers import REPO
-from .invariants import Ack, violations
+from .invariants import Ack, History, violations
 
 
 class Racers:
     """``n`` serve processes driven in lockstep; killed by a watchdog if they hang."""
 
-    def __init__(self, backend: Backend, n: int, timeout: float = 300) -> None:
+    def __init__(self, backend: Backend, n: int, variant: str = "", timeout: float = 300) -> None:
         options = json.dumps(backend.storage_options or {})
+        argv = [sys.executable, "-m", "tests.workers", "serve", backend.uri, options, variant]
         self.procs = [
             subprocess.Popen(
-                [sys.executable, "-m", "tests.workers", "serve", backend.uri, options],
+                argv,
                 cwd=REPO,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
@@ -76,8 +77,8 @@ class Racers:
 
 
 @contextlib.contextmanager
-def racing(backend: Backend, n: int) -> Iterator[Racers]:
-    racers = Racers(backend, n)
+def racing(backend: Backend, n: int, variant: str = "") -> Iterator[Racers]:
+    racers = Racers(backend, n, variant)
     try:
         yield racers
     finally:
@@ -129,13 +130,13 @@ def test_racing_put_if_absent_has_one_winner_across_processes(race_server: S3Ser
             assert storage.read(key) == f"writer {winners[0]}".encode()
 
 
-def test_lockstep_racing_appends_land_exactly_once(race_server: S3Server) -> None:
-    """4 processes x 25 appends, each round started together: every one lands once."""
-    backend = Backend("s3", f"s3://{race_server.new_bucket()}/store", race_server.options)
+def lockstep_appends(
+    backend: Backend, writers: int, rounds: int, variant: str = ""
+) -> tuple[History, list[Ack], list[str]]:
+    """Rounds of ``writers`` appends started together (half with txn ids); what went wrong."""
     store = txstore.create(backend.uri, **backend.kwargs())
-    writers, rounds = 4, 25
     acks: list[Ack] = []
-    with racing(backend, writers) as racers:
+    with racing(backend, writers, variant) as racers:
         for r in range(rounds):
             tags = [f"w{w}-{r}" for w in range(writers)]
             answers = racers.round(
@@ -144,6 +145,13 @@ def test_lockstep_racing_appends_land_exactly_once(race_server: S3Server) -> Non
             assert not [a for a in answers if "error" in a], answers
             acks += [Ack(t, a["version"]) for t, a in zip(tags, answers, strict=True)]
     history, found = violations(store, acks)
+    return history, acks, found
+
+
+def test_lockstep_racing_appends_land_exactly_once(race_server: S3Server) -> None:
+    """4 processes x 25 appends, each round started together: every one lands once."""
+    backend = Backend("s3", f"s3://{race_server.new_bucket()}/store", race_server.options)
+    history, acks, found = lockstep_appends(backend, writers=4, rounds=25)
     assert found == []
-    assert history.latest == writers * rounds
-    assert sorted(a.version for a in acks) == list(range(1, writers * rounds + 1))
+    assert history.latest == 4 * 25
+    assert sorted(a.version for a in acks) == list(range(1, 4 * 25 + 1))

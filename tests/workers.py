@@ -1,8 +1,8 @@
 """Child processes for the race and soak tests: ``python -m tests.workers COMMAND ...``.
 
-- ``serve URI OPTIONS``: reads one JSON command per line on stdin, answers one JSON line on
-  stdout. A parent drives several of these in lockstep, so their requests start together
-  (test_txn_race.py).
+- ``serve URI OPTIONS [blind-put]``: reads one JSON command per line on stdin, answers one
+  JSON line on stdout. A parent drives several of these in lockstep, so their requests start
+  together (test_txn_race.py); ``blind-put`` is a deliberately broken backend (test_teeth.py).
 - ``soak-writer`` / ``soak-reader``: the roles of test_soak.py, logging JSON events to stdout
   (a file the parent reads after the process exits or is SIGKILLed).
 """
@@ -43,8 +43,12 @@ def _serve_one(store: txstore.Store, storage: Storage, cmd: dict[str, Any]) -> d
     return {"version": commit.version, "commit_id": commit.commit_id}
 
 
-def serve(uri: str, options: dict[str, Any]) -> None:
+def serve(uri: str, options: dict[str, Any], variant: str = "") -> None:
     storage = open_storage(uri, options or None)
+    if variant == "blind-put":  # a deliberately broken backend, for test_teeth.py
+        from .broken import BlindPut
+
+        storage = BlindPut(storage)
     store = txstore.Store(storage)
     emit({"ready": True})
     for line in sys.stdin:
@@ -117,7 +121,7 @@ if __name__ == "__main__":
     command, uri, options_json, *rest = sys.argv[1:]
     options = json.loads(options_json)
     if command == "serve":
-        serve(uri, options)
+        serve(uri, options, *rest)
     elif command == "soak-writer":
         soak_writer(uri, options, json.loads(rest[0]))
     elif command == "soak-reader":

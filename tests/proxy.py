@@ -5,7 +5,11 @@ k-th request, or those a predicate picks, it can
 
 - **drop** the reply: the server has processed the request (committed a PUT) and answered,
   but the proxy closes the client's connection instead of passing the answer on;
-- **delay** the reply: hold the server's answer longer than the client waits for it.
+- **delay** the reply: hold the server's answer longer than the client waits for it;
+- **lose** the request: close the client's connection without passing it on;
+- deliver the request **late**: keep it from the server until the client, having given up on
+  it, reads the same key; deliver it then, before passing on that answer. So the client's
+  read-back misses a write that lands right after, as a slow server can do.
 
 Each connection gets two threads (requests one way, replies the other); every socket has a
 timeout and the accept loop polls a stop flag, so nothing outlives ``close()`` for long.
@@ -37,9 +41,17 @@ class Rule:
     """What to do with the replies to requests that ``match``, at most ``times`` times."""
 
     match: Callable[[Request], bool]
-    action: str  # "drop" or "delay"
+    action: str  # "drop", "delay", "lose" or "late"
     times: int = 1
     delay: float = 0.0
+    held: tuple[str, bytes] | None = None  # "late": the path and bytes of the held request
+
+
+@dataclass(frozen=True)
+class _Release:
+    """The fate of the request after which a held one is delivered."""
+
+    held: bytes
 
 
 class _Reader:
@@ -161,10 +173,15 @@ class Proxy:
             for target in (self._requests, self._replies):
                 threading.Thread(target=target, args=(client, server, fates), daemon=True).start()
 
-    def _fate(self, method: str, path: str) -> Rule | None:
+    def _fate(self, method: str, path: str) -> Rule | _Release | None:
         with self._lock:
             request = Request(len(self.seen) + 1, method, path)
             self.seen.append(request)
+            for rule in self.rules:
+                reads = method in ("GET", "HEAD")
+                if reads and rule.held is not None and rule.held[0] == path:
+                    held, rule.held = rule.held[1], None
+                    return _Release(held)
             for rule in self.rules:
                 if rule.times > 0 and rule.match(request):
                     rule.times -= 1
@@ -177,7 +194,13 @@ class Proxy:
             while (message := reader.head()) is not None:
                 raw, first, headers = message
                 method, path, _ = first.split(" ", 2)
-                fates.put((method, self._fate(method, path)))  # before the server can answer
+                fate = self._fate(method, path)
+                if isinstance(fate, Rule) and fate.action == "late":
+                    self._hold(fate, client, reader, message, path)
+                    continue  # no answer comes: the client times out
+                if isinstance(fate, Rule) and fate.action == "lose":
+                    return  # the server never hears of it
+                fates.put((method, fate))  # before the server can answer
                 # The head goes first: with "Expect: 100-continue" the client sends its body
                 # only after the server's interim reply.
                 server.sendall(raw)
@@ -186,6 +209,32 @@ class Proxy:
             pass
         finally:
             _close(client, server)
+
+    def _hold(
+        self,
+        rule: Rule,
+        client: socket.socket,
+        reader: _Reader,
+        message: tuple[bytes, str, dict[str, str]],
+        path: str,
+    ) -> None:
+        raw, _, headers = message
+        if headers.get("expect", "").lower() == "100-continue":
+            client.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")  # or the body never comes
+        body = reader.body(headers, has_body=True)
+        with self._lock:
+            rule.held = (path, raw + body)
+
+    def _deliver(self, request: bytes) -> None:
+        """Send a held request to the server on a connection of its own; drop the answer."""
+        with socket.create_connection(self.upstream, timeout=_IO_TIMEOUT) as sock:
+            sock.sendall(request)
+            reader = _Reader(sock)
+            while (message := reader.head()) is not None:
+                _, first, headers = message
+                if int(first.split(" ", 2)[1]) >= 200:
+                    reader.body(headers, has_body=True)
+                    return
 
     def _replies(self, client: socket.socket, server: socket.socket, fates: queue.Queue) -> None:
         reader = _Reader(server)
@@ -199,9 +248,11 @@ class Proxy:
                 method, rule = fates.get(timeout=_IO_TIMEOUT)
                 no_body = method == "HEAD" or status in (204, 304)
                 body = reader.body(headers, has_body=not no_body)
-                if rule is not None and rule.action == "drop":
+                if isinstance(rule, _Release):  # the write lands before the client hears
+                    self._deliver(rule.held)
+                elif rule is not None and rule.action == "drop":
                     return  # the server answered; the client never hears it
-                if rule is not None and rule.action == "delay":
+                elif rule is not None and rule.action == "delay":
                     time.sleep(rule.delay)  # bounded: the rule's delay, once per reply
                 client.sendall(raw + body)
         except (OSError, queue.Empty):

@@ -8,14 +8,17 @@ settles it exactly once.
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import pytest
 
 import txstore
-from txstore.errors import TxstoreError
+from txstore.errors import StorageError, TxstoreError
+from txstore.storage import Storage, open_storage
 
 from .conftest import S3Server
+from .faults import FaultyStorage
 from .invariants import Ack, txn_samples, violations
 from .proxy import Proxy, Request, Rule
 
@@ -46,7 +49,8 @@ class Case:
         self.uri = f"s3://{server.new_bucket()}/store"
         self.direct = txstore.create(self.uri, storage_options=server.options)
         self.direct.append(txn_samples("base", 2))
-        self.store = txstore.open(self.uri, storage_options=_through(proxy, server, attempts))
+        self.options = _through(proxy, server, attempts)
+        self.store = txstore.open(self.uri, storage_options=self.options)
         self.proxy = proxy
         self.checked = 0  # versions below this one passed a check already
 
@@ -133,3 +137,67 @@ def test_delayed_reply_at_every_write_of_an_append(s3_server: S3Server, proxy: P
         reported = case.append(f"t{k}", rule)
         assert case.check(f"t{k}", reported) == [], f"reply to request {k} delayed"
     assert case.check_all() == []
+
+
+class LateCommit(FaultyStorage):
+    """The commit's PUT times out at the client but reaches the server late.
+
+    Its first put of a manifest raises (a read timeout: outcome unknown) without writing;
+    the write is applied just after the writer's read-back of that key found nothing, as a
+    slow server completes a request its client has given up on.
+    """
+
+    def __init__(self, inner: Storage) -> None:
+        super().__init__(inner)
+        self.late: tuple[str, bytes] | None = None
+        self.done = False
+
+    def put_if_absent(self, key: str, data: bytes) -> None:
+        if key.startswith("versions/") and not self.done:
+            self.late, self.done = (key, data), True
+            raise StorageError(f"read timeout on PUT {key}")
+        self.inner.put_if_absent(key, data)
+
+    def read(self, key: str) -> bytes:
+        try:
+            return self.inner.read(key)
+        finally:
+            if self.late is not None and self.late[0] == key:
+                late, self.late = self.late, None
+                self.inner.put_if_absent(*late)  # lands after the read-back missed it
+
+
+LATE_BUG = (
+    "txstore bug: txstore/txn/commit.py commit() does not recognise its own commit when an "
+    "in-doubt put lands after the read-back: with a txn_id, find_txn returns it and commit() "
+    "reports created=False, so Store.append (txstore/store.py, `if not result.created: "
+    "writer.abort()`) deletes the chunks the landed version names; without one, the next "
+    "attempt builds on its own commit and the samples land twice"
+)
+
+
+@pytest.mark.xfail(strict=True, reason=LATE_BUG)
+@pytest.mark.parametrize("txn", [True, False])
+def test_commit_that_lands_after_its_read_back(txn: bool) -> None:
+    """In process, deterministic: the write lands just after the read-back missed it."""
+    uri = f"memory://{uuid.uuid4().hex}"
+    direct = txstore.create(uri)
+    direct.append(txn_samples("base", 2))
+    late = LateCommit(open_storage(uri))
+    reported = txstore.Store(late).append(txn_samples("t", 3), txn_id="t" if txn else None)
+    assert late.done and late.late is None  # the late write did land, after the read-back
+    assert violations(direct, [Ack("t", reported.version)])[1] == []
+
+
+@pytest.mark.xfail(strict=True, reason=LATE_BUG)
+def test_commit_request_delivered_after_the_client_gave_up(
+    s3_server: S3Server, proxy: Proxy
+) -> None:
+    """Over the network: the proxy holds the commit's PUT, loses the client's retries of it,
+    and delivers it once the client, having given up, reads the key back: the server gets the
+    PUT just before the client hears "not found"."""
+    case = Case(s3_server, proxy, attempts=1)
+    late, lose = Rule(is_commit, "late"), Rule(is_commit, "lose", times=20)
+    reported = case.append("t", late, lose)  # with a txn_id: its chunks get deleted
+    assert late.times == 0 and late.held is None  # held, then delivered after the read-back
+    assert case.check("t", reported, retry=False) == []

@@ -420,7 +420,7 @@ def test_diff_across_compaction_and_overwrite(tmp_path: Any) -> None:
     assert store.diff(3, 4).num_added == 0 and store.diff(1, 4).num_added == 20
     txn = Transaction(store, message="replace everything")
     txn.write(batch(9, 5))
-    txn.commit(replace_version=4, operation="overwrite")  # version 5
+    txn.commit(replace=True, operation="overwrite")  # version 5
     d = store.diff(3, 5)
     assert [(r.start, r.stop, r.version) for r in d.removed] == [
         (0, 10, 1),
@@ -435,7 +435,7 @@ def test_diff_across_compaction_and_overwrite(tmp_path: Any) -> None:
             yield from batch(10, 2)
             t = Transaction(other)
             t.write(batch(11, 1))
-            t.commit(replace_version=5, operation="overwrite")
+            t.commit(replace=True, operation="overwrite")
 
         store.append(samples())
 

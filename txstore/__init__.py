@@ -7,16 +7,24 @@ from .errors import (
     ConflictError,
     CorruptError,
     EncodeError,
+    InputError,
     MissingDataError,
     NotFoundError,
+    ResumeMismatchError,
     StorageError,
     StoreExistsError,
     StoreNotFoundError,
+    TagExistsError,
+    TagNotFoundError,
     TxstoreError,
     UnsupportedFormatError,
+    VersionExpiredError,
     VersionNotFoundError,
 )
+from .ingest import optimize
+from .lease import Lease
 from .snapshot import Snapshot
+from .staging import Transaction
 from .store import Commit, Store, create, open
 
 __version__ = "0.1.0"
@@ -39,8 +47,11 @@ __all__ = [
     "ConflictError",
     "CorruptError",
     "EncodeError",
+    "InputError",
+    "Lease",
     "MissingDataError",
     "NotFoundError",
+    "ResumeMismatchError",
     "Snapshot",
     "StorageError",
     "Store",
@@ -48,9 +59,14 @@ __all__ = [
     "StoreNotFoundError",
     "StreamingDataLoader",
     "StreamingDataset",
+    "TagExistsError",
+    "TagNotFoundError",
+    "Transaction",
     "TxstoreError",
     "UnsupportedFormatError",
+    "VersionExpiredError",
     "VersionNotFoundError",
     "create",
     "open",
+    "optimize",
 ]

@@ -97,3 +97,18 @@ class TagNotFoundError(NotFoundError, KeyError):
 
 class TagExistsError(AlreadyExistsError):
     """A tag of that name exists already; pass ``force=True`` to move it."""
+
+
+class InputError(TxstoreError):
+    """The user's function failed on one input of an ingest job; nothing was committed."""
+
+    def __init__(self, message: str, index: int = -1) -> None:
+        super().__init__(message)
+        self.index = index
+
+    def __reduce__(self) -> tuple[object, ...]:  # crosses back from worker processes
+        return (InputError, (self.args[0], self.index))
+
+
+class ResumeMismatchError(TxstoreError):
+    """A saved loader state belongs to another snapshot or another layout of the epoch."""

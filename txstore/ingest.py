@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ProcessPoolExecutor, wait
 from typing import Any
 
-from .errors import StoreExistsError, StoreNotFoundError, TxstoreError
+from .errors import InputError, StoreExistsError, StoreNotFoundError
 from .progress import Progress
 from .snapshot import ChunkReader
 from .staging import StagedPart, StagedWriter, Transaction
@@ -22,17 +22,6 @@ from .storage import MemoryStorage
 from .store import Commit, Store, create, open
 
 MODES = (None, "append", "overwrite")
-
-
-class InputError(TxstoreError):
-    """The user's function failed on one input; nothing was committed."""
-
-    def __init__(self, message: str, index: int = -1) -> None:
-        super().__init__(message)
-        self.index = index
-
-    def __reduce__(self) -> tuple[Any, ...]:  # crosses back from worker processes
-        return (InputError, (self.args[0], self.index))
 
 
 class _Stopped(Exception):
@@ -93,21 +82,21 @@ def _write_share(handle_json: bytes, start: int, stop: int) -> bytes:
 
 def _target(
     output_dir: str, mode: str | None, storage_options: dict[str, Any] | None, **settings: Any
-) -> tuple[Store, int | None]:
-    """The store to write and, for "overwrite", the version to replace."""
+) -> tuple[Store, bool]:
+    """The store to write, and whether the commit replaces its content ("overwrite")."""
     if mode not in MODES:
         raise ValueError(f"mode must be None, 'append' or 'overwrite', not {mode!r}")
     try:
         store = open(output_dir, storage_options=storage_options)
     except StoreNotFoundError:
-        return create(output_dir, storage_options=storage_options, **settings), None
+        return create(output_dir, storage_options=storage_options, **settings), False
     if mode is None:
         raise StoreExistsError(
             f"a store exists at {output_dir}: pass mode='append' to add a version to it, or "
             "mode='overwrite' to commit a version that replaces its content (older versions "
             "stay readable)"
         )
-    return store, store.version if mode == "overwrite" else None
+    return store, mode == "overwrite"
 
 
 def _shares(n: int, workers: int) -> list[tuple[int, int]]:
@@ -188,8 +177,8 @@ def optimize(
                 txn.add(part)
             parts = _repack_tails(txn, list(txn._parts))
             txn._parts[:] = parts
-        operation = "overwrite" if replace is not None else "append"
-        return txn.commit(replace_version=replace, operation=operation)
+        operation = "overwrite" if replace else "append"
+        return txn.commit(replace=replace, operation=operation)
     except BaseException:
         if txn.result is None:
             txn.abort()

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import accumulate
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, overload
 
 from .errors import ChecksumError, CorruptError, MissingDataError, NotFoundError
 from .format import manifest as fmt
@@ -30,6 +30,11 @@ from .format.manifest import ChunkRef, Manifest
 from .format.values import ABSENT, ValueDecoder
 from .segments import Segments
 from .storage import Storage, open_storage
+
+if TYPE_CHECKING:
+    from datetime import timedelta
+
+    from .lease import Lease
 
 Sample = dict[str, Any]
 _LAYOUT_CACHE = 1024
@@ -259,6 +264,13 @@ class Snapshot(Sequence[Sample]):
         # Crosses into DataLoader workers as storage (URI + options) and manifest bytes; the
         # worker builds fresh caches and file handles of its own.
         return (_rebuild, (self._storage, fmt.encode(self.manifest), self._fields))
+
+    def lease(self, ttl: float | str | timedelta = "6h") -> Lease:
+        """Protect this version from expiry and vacuum while a job reads it (a ``with``
+        block, renewed in the background; see ``Store.lease``)."""
+        from .lease import lease_version  # leases sit above snapshots in the layering
+
+        return lease_version(self._storage, self.manifest, ttl=ttl)
 
     def reopen(self) -> Snapshot:
         """The same version through a new storage client, with empty caches.

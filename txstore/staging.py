@@ -14,7 +14,6 @@ grace period. Appends committed by others meanwhile are rebased over, as for ``a
 from __future__ import annotations
 
 import contextlib
-import time
 import uuid
 from collections.abc import Iterable
 from typing import Any
@@ -22,11 +21,9 @@ from typing import Any
 import msgspec
 
 from .errors import ConflictError, TxstoreError
-from .format.manifest import ChunkRef, Manifest, SegmentRef, StoreConfig
-from .segments import MAX_SEGMENT_CHUNKS
+from .format.manifest import ChunkRef, StoreConfig
 from .storage import open_storage
 from .store import Commit, Store
-from .txn import CommitResult, commit
 from .writer import ChunkWriter
 
 
@@ -85,60 +82,6 @@ class StagedWriter:
         self._writer.abort()
 
 
-def commit_chunks(
-    store: Store,
-    chunks: list[ChunkRef],
-    *,
-    message: str | None = None,
-    txn_id: str | None = None,
-    operation: str = "append",
-    replace_version: int | None = None,
-) -> CommitResult:
-    """Commit ``chunks`` as one version: appended to the latest, or, with
-    ``replace_version``, as the whole content of the version after that one (a
-    ConflictError if anything was committed after it)."""
-    added = sum(c.num_samples for c in chunks)
-    if replace_version is None:
-        new_segment = store._segments.write(chunks) if chunks else None
-        segments: tuple[SegmentRef, ...] = ()
-    else:
-        new_segment = None
-        segments = tuple(
-            store._segments.write(chunks[i : i + MAX_SEGMENT_CHUNKS])
-            for i in range(0, len(chunks), MAX_SEGMENT_CHUNKS)
-        )
-    commit_id = uuid.uuid4().hex
-
-    def build(parent: Manifest) -> Manifest:
-        if replace_version is not None:
-            if parent.version != replace_version:
-                raise ConflictError(
-                    f"version {parent.version} of {store.uri} was committed meanwhile; "
-                    "nothing was replaced"
-                )
-            kept, total = segments, added
-        else:
-            kept = parent.segments
-            if new_segment is not None:
-                kept = store._segments.append(kept, new_segment)
-            total = parent.num_samples + added
-        return Manifest(
-            version=parent.version + 1,
-            parent=parent.version,
-            commit_id=commit_id,
-            txn_id=txn_id,
-            operation=operation,
-            timestamp=time.time(),
-            message=message,
-            num_samples=total,
-            added_samples=total - parent.num_samples,
-            config=parent.config,
-            segments=kept,
-        )
-
-    return commit(store._log, build, txn_id=txn_id, policy=store._retry)
-
-
 class Transaction:
     """One commit assembled from the chunks of many writers. Use as a context manager."""
 
@@ -148,10 +91,11 @@ class Transaction:
         self.store = store
         self.message = message
         self.txn_id = txn_id
+        self._start = store._log.latest()  # what the transaction builds on
         self.handle = TransactionHandle(
             uri=store.storage.uri,
             storage_options=dict(store.storage.storage_options),
-            config=store.config,
+            config=self._start.config,
             staging_id=uuid.uuid4().hex,
         )
         self._parts: list[StagedPart] = []
@@ -181,19 +125,21 @@ class Transaction:
     def num_samples(self) -> int:
         return sum(p.num_samples for p in self._parts)
 
-    def commit(self, *, replace_version: int | None = None, operation: str = "append") -> Commit:
-        """Commit every part added, in order, as one version."""
+    def commit(self, *, replace: bool = False, operation: str = "append") -> Commit:
+        """Commit every part added, in order, as one version: appended to the latest, or with
+        ``replace`` as the store's whole content (a ConflictError if anything was committed
+        since the transaction began; an append likewise refuses to land on a rollback)."""
         if self.result is not None:
             raise TxstoreError("this transaction is committed already")
         chunks = [c for part in self._parts for c in part.chunks]
         try:
-            result = commit_chunks(
-                self.store,
+            result = self.store.commit_chunks(
                 chunks,
+                start=self._start,
                 message=self.message,
                 txn_id=self.txn_id,
                 operation=operation,
-                replace_version=replace_version,
+                replace=replace,
             )
         except ConflictError:
             self.abort()  # known not committed

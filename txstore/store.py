@@ -10,9 +10,9 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .compact import Compaction, CompactResult
 from .errors import (
@@ -25,7 +25,7 @@ from .errors import (
     VersionNotFoundError,
 )
 from .format import manifest as fmt
-from .format.manifest import Manifest, StoreConfig
+from .format.manifest import ChunkRef, Manifest, StoreConfig
 from .history import Commit as Commit  # re-exported: txstore.store.Commit is public
 from .history import Diff, HistoryGuard, RollbackBuild, diff
 from .lease import DEFAULT_TTL, Lease
@@ -39,13 +39,16 @@ from .maintenance import (
     vacuum,
 )
 from .refs import LeaseInfo, Refs, TagInfo
-from .segments import Segments
+from .segments import MAX_SEGMENT_CHUNKS, Segments
 from .snapshot import ChunkReader, Snapshot
 from .storage import Storage, open_storage
-from .txn import RetryPolicy, VersionLog, commit, manifest_key
+from .txn import CommitResult, RetryPolicy, VersionLog, commit, manifest_key
 from .units import parse_duration
 from .verify import VerifyReport, verify
 from .writer import ChunkWriter
+
+if TYPE_CHECKING:
+    from .staging import Transaction
 
 #: A version number, or the name of a tag.
 Ref = int | str
@@ -193,38 +196,112 @@ class Store:
         except BaseException:
             writer.abort()  # nothing references these chunks: nothing was committed
             raise
-        added = writer.num_samples
-        new_segment = self._segments.write(chunks) if chunks else None
-        commit_id = uuid.uuid4().hex
-        guard = HistoryGuard(self._log, start)
-
-        def build(parent: Manifest) -> Manifest:
-            guard.check(parent)  # a rollback since we began: the caller decides (ConflictError)
-            segments = parent.segments
-            if new_segment is not None:
-                segments = self._segments.append(segments, new_segment)
-            return Manifest(
-                version=parent.version + 1,
-                parent=parent.version,
-                commit_id=commit_id,
-                txn_id=txn_id,
-                operation="append",
-                timestamp=time.time(),
-                message=message,
-                num_samples=parent.num_samples + added,
-                added_samples=added,
-                config=parent.config,
-                segments=segments,
-            )
-
         try:
-            result = commit(self._log, build, txn_id=txn_id, policy=self._retry)
+            result = self.commit_chunks(chunks, start=start, message=message, txn_id=txn_id)
         except ConflictError:
             writer.abort()  # every attempt read back as someone else's: ours never landed
             raise
         if not result.created:
             writer.abort()  # the same txn_id landed from elsewhere meanwhile
         return Commit.from_manifest(result.manifest)
+
+    def commit_chunks(
+        self,
+        chunks: Sequence[ChunkRef],
+        *,
+        start: Manifest,
+        message: str | None = None,
+        txn_id: str | None = None,
+        operation: str = "append",
+        replace: bool = False,
+    ) -> CommitResult:
+        """Commit chunks written for this store (by ``append``, a staged transaction or
+        ``optimize``) as one version: appended to the latest, or with ``replace`` as the
+        whole content of the version after ``start``.
+
+        ``start`` is the version the caller saw when it began: an append refuses to land on a
+        rollback committed since, and a replacement on anything committed since
+        (``ConflictError``; nothing is committed).
+        """
+        added = sum(c.num_samples for c in chunks)
+        if replace:
+            new_segment = None
+            segments = tuple(
+                self._segments.write(list(chunks[i : i + MAX_SEGMENT_CHUNKS]))
+                for i in range(0, len(chunks), MAX_SEGMENT_CHUNKS)
+            )
+        else:
+            new_segment = self._segments.write(list(chunks)) if chunks else None
+        commit_id = uuid.uuid4().hex
+        guard = HistoryGuard(self._log, start)
+
+        def build(parent: Manifest) -> Manifest:
+            if replace:
+                if parent.version != start.version:
+                    raise ConflictError(
+                        f"version {parent.version} of {self.uri} was committed meanwhile; "
+                        "nothing was replaced"
+                    )
+                kept, total = segments, added
+            else:
+                guard.check(parent)  # a rollback since we began: the caller decides
+                kept = parent.segments
+                if new_segment is not None:
+                    kept = self._segments.append(kept, new_segment)
+                total = parent.num_samples + added
+            return Manifest(
+                version=parent.version + 1,
+                parent=parent.version,
+                commit_id=commit_id,
+                txn_id=txn_id,
+                operation=operation,
+                timestamp=time.time(),
+                message=message,
+                num_samples=total,
+                added_samples=total - parent.num_samples,
+                config=parent.config,
+                segments=kept,
+            )
+
+        return commit(self._log, build, txn_id=txn_id, policy=self._retry)
+
+    # -- staged writes and fields ----------------------------------------------------------
+
+    def transaction(self, *, message: str | None = None, txn_id: str | None = None) -> Transaction:
+        """A staged transaction: writers anywhere add chunks, one commit (``with`` block)."""
+        from .staging import Transaction
+
+        return Transaction(self, message=message, txn_id=txn_id)
+
+    def add_fields(
+        self,
+        fn: Callable[..., Any],
+        fields: Iterable[str],
+        *,
+        batched: bool = False,
+        num_workers: int = 0,
+        message: str | None = None,
+        progress: bool = False,
+    ) -> Commit:
+        """Commit a version whose samples also have ``fields`` computed by ``fn``, stored
+        beside the chunks without rewriting them (see ``txstore.fields.add_fields``)."""
+        from .fields import add_fields
+
+        return add_fields(
+            self,
+            fn,
+            fields,
+            batched=batched,
+            num_workers=num_workers,
+            message=message,
+            progress=progress,
+        )
+
+    def drop_fields(self, fields: Iterable[str], *, message: str | None = None) -> Commit:
+        """Commit a version without ``fields``; nothing is rewritten."""
+        from .fields import drop_fields
+
+        return drop_fields(self, fields, message=message)
 
     # -- tags and leases -------------------------------------------------------------------
 

@@ -34,17 +34,13 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate, default_convert
 
-from .errors import MissingDataError, TxstoreError
+from .errors import MissingDataError, ResumeMismatchError
 from .format.manifest import ChunkRef
 from .snapshot import ChunkReader, Fetched, Sample, Snapshot, sources
 from .storage import LocalStorage, MemoryStorage
 from .store import open as open_store
 
 STATE_FORMAT = 1
-
-
-class ResumeMismatchError(TxstoreError):
-    """A saved loader state belongs to another snapshot or another layout of the epoch."""
 
 
 @dataclass(frozen=True)
@@ -189,7 +185,9 @@ class StreamingDataset(IterableDataset[Any]):
     ``source`` is a Snapshot, or a store URI with ``version`` (default: the latest at
     construction, then pinned). ``fields`` limits what is read and decoded. ``transform`` runs
     on each sample in the worker. Remote stores cache chunks under ``cache_dir`` (default: a
-    temporary folder), at most ``max_cache_size`` bytes of finished chunks per folder.
+    temporary folder), at most ``max_cache_size`` bytes of finished chunks per folder. With
+    ``lease_ttl`` (e.g. "6h") the dataset holds a lease on its version, renewed in the
+    background, so that expire and vacuum leave it alone for the run (``release_lease()``).
     """
 
     def __init__(
@@ -207,6 +205,7 @@ class StreamingDataset(IterableDataset[Any]):
         cache_dir: str | None = None,
         max_cache_size: int = 8 * 2**30,
         prefetch_chunks: int = 2,
+        lease_ttl: str | float | None = None,
     ) -> None:
         if isinstance(source, Snapshot):
             if version is not None and version != source.version:
@@ -219,6 +218,9 @@ class StreamingDataset(IterableDataset[Any]):
         if shuffle_window < 1:
             raise ValueError("shuffle_window counts chunks and must be at least 1")
         self.snapshot = snapshot
+        # A lease keeps expire and vacuum away from the version for as long as this dataset
+        # lives in the process that made it (workers do not renew it).
+        self.lease = snapshot.lease(lease_ttl) if lease_ttl is not None else None
         self.shuffle = shuffle
         self.seed = seed
         self.drop_last = drop_last
@@ -234,6 +236,15 @@ class StreamingDataset(IterableDataset[Any]):
         # Samples each worker skips at the start of the next iteration (set on resume).
         self.skip: dict[int, int] = {}
         self._pid = os.getpid()
+
+    def release_lease(self) -> None:
+        if self.lease is not None:
+            self.lease.release()
+            self.lease = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Workers get the dataset without the lease: only the process that made it renews it.
+        return {**self.__dict__, "lease": None}
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch whose order the next iteration follows."""

@@ -22,11 +22,13 @@ from typing import Any
 import pytest
 
 import txstore
-from txstore.storage import open_storage
+from txstore.storage import MemoryStorage, open_storage
+from txstore.txn import manifest_key
 
 from .conftest import Backend, S3Server
+from .faults import FaultyStorage
 from .helpers import REPO
-from .invariants import Ack, History, violations
+from .invariants import Ack, History, txn_samples, violations
 
 
 class Racers:
@@ -155,3 +157,19 @@ def test_lockstep_racing_appends_land_exactly_once(race_server: S3Server) -> Non
     assert found == []
     assert history.latest == 4 * 25
     assert sorted(a.version for a in acks) == list(range(1, 4 * 25 + 1))
+
+
+def test_txn_id_lookup_stays_cheap_as_history_grows() -> None:
+    """A repeated txn id is found from its marker and the latest manifest: no walk, no list."""
+    storage = MemoryStorage()
+    store = txstore.create(storage)
+    for i in range(1000):
+        store.append(txn_samples(f"t{i}", 1), txn_id=f"t{i}")
+    spy = FaultyStorage(storage)
+    again = txstore.Store(spy).append(txn_samples("t17", 1), txn_id="t17")
+    assert again.version == 18 and txstore.Store(storage).version == 1000
+    ops = [op for op, _ in spy.calls]
+    manifests = {key for op, key in spy.calls if op == "read" and key.startswith("versions/")}
+    assert "list" not in ops and "write" not in ops and "put_if_absent" not in ops
+    assert manifests <= {manifest_key(18), manifest_key(1000)}, manifests
+    assert len(ops) < 15, spy.calls

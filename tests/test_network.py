@@ -167,16 +167,6 @@ class LateCommit(FaultyStorage):
                 self.inner.put_if_absent(*late)  # lands after the read-back missed it
 
 
-LATE_BUG = (
-    "txstore bug: txstore/txn/commit.py commit() does not recognise its own commit when an "
-    "in-doubt put lands after the read-back: with a txn_id, find_txn returns it and commit() "
-    "reports created=False, so Store.append (txstore/store.py, `if not result.created: "
-    "writer.abort()`) deletes the chunks the landed version names; without one, the next "
-    "attempt builds on its own commit and the samples land twice"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=LATE_BUG)
 @pytest.mark.parametrize("txn", [True, False])
 def test_commit_that_lands_after_its_read_back(txn: bool) -> None:
     """In process, deterministic: the write lands just after the read-back missed it."""
@@ -189,7 +179,6 @@ def test_commit_that_lands_after_its_read_back(txn: bool) -> None:
     assert violations(direct, [Ack("t", reported.version)])[1] == []
 
 
-@pytest.mark.xfail(strict=True, reason=LATE_BUG)
 def test_commit_request_delivered_after_the_client_gave_up(
     s3_server: S3Server, proxy: Proxy
 ) -> None:

@@ -102,19 +102,31 @@ def test_model_catches_a_blind_overwrite() -> None:
 # -- 2. a lost reply taken for a conflict --------------------------------------------------
 
 
-@pytest.mark.parametrize("txn", [True, False])
 @pytest.mark.parametrize("mode", ["after", "replay"])
 @pytest.mark.usefixtures("lost_reply_is_a_conflict")
-def test_crash_check_catches_a_lost_reply_taken_for_a_conflict(mode: str, txn: bool) -> None:
-    """The reply to the commit step is lost; the variant commits again, or loses its data."""
+def test_crash_check_catches_a_lost_reply_taken_for_a_conflict(mode: str) -> None:
+    """The reply to the commit step is lost; the variant commits again.
+
+    (With a txn_id the variant does no harm: the retry finds its own commit id under the txn
+    marker and takes it as its success, so there is nothing for a check to catch.)
+    """
     raw = open_storage(f"memory://{uuid.uuid4().hex}")
     txstore.create(raw)
     # Counting puts only, the first one of an append on a fresh store is its commit step.
     faulty = FaultyStorage(raw, fail_at=1, mode=mode, only=frozenset({"put_if_absent"}))
-    commit = txstore.Store(faulty).append(txn_samples("t", 2), txn_id="t" if txn else None)
+    commit = txstore.Store(faulty).append(txn_samples("t", 2))
     _, found = violations(txstore.Store(raw), [Ack("t", commit.version)])
-    expected = "cannot read the latest version" if txn else "committed 2 times"
-    assert any(expected in v for v in found), found
+    assert any("committed 2 times" in v for v in found), found
+
+
+@pytest.mark.parametrize("mode", ["after", "replay"])
+@pytest.mark.usefixtures("lost_reply_is_a_conflict")
+def test_a_txn_id_keeps_a_lost_reply_harmless_even_then(mode: str) -> None:
+    raw = open_storage(f"memory://{uuid.uuid4().hex}")
+    txstore.create(raw)
+    faulty = FaultyStorage(raw, fail_at=1, mode=mode, only=frozenset({"put_if_absent"}))
+    commit = txstore.Store(faulty).append(txn_samples("t", 2), txn_id="t")
+    assert violations(txstore.Store(raw), [Ack("t", commit.version)])[1] == []
 
 
 @pytest.mark.usefixtures("lost_reply_is_a_conflict")

@@ -69,6 +69,51 @@ def _settle(log: VersionLog, manifest: Manifest, cause: Exception) -> bool | Non
     return found.commit_id == manifest.commit_id
 
 
+class _InDoubt:
+    """Versions this commit tried to create whose outcome is open: a write that failed in a
+    way that may still land (a timeout, a dropped connection) and was absent on read-back.
+
+    Such a write can reach the server later, so before every further step the writer looks
+    again: its own commit there means it succeeded; someone else's there means that write
+    can never land (put-if-absent); still absent means still in doubt.
+    """
+
+    def __init__(self, log: VersionLog) -> None:
+        self.log = log
+        self.versions: set[int] = set()
+        self.commit_id: str | None = None
+
+    def landed(self) -> Manifest | None:
+        """Our commit, if one of the doubtful writes has landed since."""
+        for version in sorted(self.versions):
+            try:
+                found = self.log.read(version)
+            except VersionNotFoundError:
+                continue
+            if found.commit_id == self.commit_id:
+                return found
+            self.versions.discard(version)  # someone else's: ours can never land there
+        return None
+
+    def unknown(self, why: str) -> CommitStateUnknownError:
+        version = min(self.versions)
+        return CommitStateUnknownError(
+            f"{why}; a write of version {version} to {self.log.storage.uri} may still land. "
+            f"Its data files are kept: retry with the same txn_id, or look for commit_id "
+            f"{self.commit_id} in the log",
+            version=version,
+            commit_id=self.commit_id or "",
+        )
+
+
+def _succeed(log: VersionLog, manifest: Manifest, attempts: int) -> CommitResult:
+    log.advance_head(manifest.version)
+    # Saves the next committer a write; it writes the marker itself if this fails.
+    with contextlib.suppress(TxstoreError):
+        log.ensure_marker(manifest)
+    return CommitResult(manifest, created=True, attempts=attempts)
+
+
 def commit(
     log: VersionLog,
     build: Build,
@@ -77,37 +122,54 @@ def commit(
     policy: RetryPolicy = RetryPolicy(),
     rng: random.Random | None = None,
 ) -> CommitResult:
-    """Commit ``build(latest)`` as the next version, rebasing onto newer versions as needed."""
+    """Commit ``build(latest)`` as the next version, rebasing onto newer versions as needed.
+
+    ``build`` must give every manifest it makes the same ``commit_id``: that is how a write
+    whose reply was lost, or that landed late, is recognised as this commit.
+    """
     rng = rng or random.Random()
+    doubt = _InDoubt(log)
     unsettled = 0  # failed writes that read back as absent, in a row
     for attempt in range(1, policy.max_attempts + 1):
         with log.storage.writer_lock():
+            ours = doubt.landed()
+            if ours is not None:
+                return _succeed(log, ours, attempt)
             parent = log.latest()
             if txn_id is not None:
                 existing = log.find_txn(txn_id, parent)
                 if existing is not None:
-                    return CommitResult(existing, created=False, attempts=attempt)
+                    created = existing.commit_id == doubt.commit_id  # a late write of ours
+                    return CommitResult(existing, created=created, attempts=attempt)
             log.ensure_marker(parent)
             manifest = build(parent)
             if manifest.version != parent.version + 1 or manifest.parent != parent.version:
                 raise ValueError("build() must make the version after its parent")
+            if doubt.commit_id not in (None, manifest.commit_id):
+                raise ValueError("build() must keep one commit_id across attempts")
+            doubt.commit_id = manifest.commit_id
             try:
                 log.storage.put_if_absent(manifest_key(manifest.version), fmt.encode(manifest))
                 outcome: bool | None = True
             except (AlreadyExistsError, StorageError) as e:
                 outcome = _settle(log, manifest, e)
                 if outcome is None:
+                    doubt.versions.add(manifest.version)
                     unsettled += 1
                     if unsettled >= _MAX_UNSETTLED:
-                        raise
+                        ours = doubt.landed()
+                        if ours is not None:
+                            return _succeed(log, ours, attempt)
+                        raise doubt.unknown(f"writes kept failing ({e})") from e
         if outcome:
-            log.advance_head(manifest.version)
-            # Saves the next committer a write; it writes the marker itself if this fails.
-            with contextlib.suppress(TxstoreError):
-                log.ensure_marker(manifest)
-            return CommitResult(manifest, created=True, attempts=attempt)
+            return _succeed(log, manifest, attempt)
         if outcome is False:  # lost the race: rebase on the new latest after a pause
             time.sleep(policy.delay(attempt, rng))
+    ours = doubt.landed()
+    if ours is not None:
+        return _succeed(log, ours, policy.max_attempts)
+    if doubt.versions:
+        raise doubt.unknown(f"gave up after {policy.max_attempts} attempts")
     raise ConflictError(
         f"gave up committing to {log.storage.uri} after {policy.max_attempts} attempts "
         "lost to concurrent commits"

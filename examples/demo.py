@@ -58,12 +58,28 @@ def main(path: str) -> None:
     except txstore.EncodeError as e:
         print(f"refused a bad sample, store unchanged at v{store.version}: {e}")
 
+    bad = store.append(({"id": -i, "caption": "spam"} for i in range(1000)), message="bad crawl")
+    undo = store.rollback(bad.version - 1, message="undo the bad crawl")
+    print(
+        f"rolled back the bad crawl (v{bad.version}) as v{undo.version}: "
+        f"{len(store.snapshot())} samples; v{bad.version} is still readable"
+    )
+
+    added = store.add_fields(
+        lambda s: {"caption_len": len(s["caption"])}, ["caption_len"], message="caption lengths"
+    )
+    print(
+        f"v{added.version} adds 'caption_len' to every sample without rewriting a chunk: "
+        f"{store.snapshot()[0]}"[:160]
+    )
+
     print("history, newest first:")
     for commit in store.log():
         print(
-            f"  v{commit.version:<3} {commit.timestamp:%H:%M:%S} "
-            f"+{commit.num_samples:<6} {commit.message}"
+            f"  v{commit.version:<3} {commit.timestamp:%H:%M:%S} {commit.operation:<10} "
+            f"{commit.num_samples:>+7} {commit.message or ''}"
         )
+    print(f"\nthe same from a shell: txstore log {path}")
 
 
 if __name__ == "__main__":

@@ -23,19 +23,19 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 import txstore
-from txstore.errors import CommitStateUnknownError, StorageError
+from txstore.errors import AlreadyExistsError, CommitStateUnknownError, StorageError
 from txstore.format import manifest as fmt
 from txstore.format.manifest import Head
 from txstore.storage import Storage, open_storage
 from txstore.txn import txn_marker_key
 
-from .faults import FaultyStorage
+from .faults import MODES, FaultyStorage, InjectedFault
 from .invariants import read_history, txn_samples
 
 T = TypeVar("T")
 TXN_IDS = st.sampled_from([None, "a", "b", "c"])  # few ids: repeats are the point
 STEP = st.integers(1, 24)  # an append makes 5-21 storage calls; past them, nothing happens
-MODE = st.sampled_from(["before", "after", "replay"])
+MODE = st.sampled_from(["before", "after", "replay", "late"])
 
 
 @dataclass(frozen=True)
@@ -48,8 +48,10 @@ class Txn:
 class RacingStorage(FaultyStorage):
     """FaultyStorage with several faults per append, and a racing writer before its k-th call.
 
-    Its writer lock is a no-op so that the racer, a second Store in this same process, is not
-    blocked by the local backend's lock file while this one commits.
+    One more fault mode, "late": a put-if-absent that times out without writing, and lands
+    right after the writer next reads or probes that key (a slow server finishing a request
+    its client gave up on). Its writer lock is a no-op so that the racer, a second Store in
+    this same process, is not blocked by the local backend's lock file while this one commits.
     """
 
     def __init__(self, inner: Storage) -> None:
@@ -57,21 +59,38 @@ class RacingStorage(FaultyStorage):
         self.plan: dict[int, str] = {}  # call number -> fault mode
         self.race_at: int | None = None
         self.racer: Callable[[], None] | None = None
+        self.late: tuple[str, Callable[[], object]] | None = None
 
     def arm(self, plan: dict[int, str], race_at: int | None) -> None:
-        """Count the next append's calls from 1 again."""
+        """Count the next append's calls from 1 again (a late write never armed lands never)."""
         self.calls.clear()
-        self.plan, self.race_at = plan, race_at
+        self.plan, self.race_at, self.late = plan, race_at, None
 
     def _call(self, op: str, key: str, fn: Callable[[], T]) -> T:
         number = len(self.calls) + 1
         if self.racer is not None and number == self.race_at:
             racer, self.racer = self.racer, None
             racer()
-        self.fail_at, self.mode = number, self.plan.get(number, "")
-        if not self.mode:
-            self.fail_at = None
-        return super()._call(op, key, fn)
+        mode = self.plan.get(number, "")
+        if mode == "late" and op == "put_if_absent":
+            self.calls.append((op, key))
+            self.late = (key, fn)
+            raise InjectedFault(f"injected: {op} {key} timed out; it lands later")
+        self.fail_at, self.mode = (number, mode) if mode in MODES else (None, "before")
+        try:
+            return super()._call(op, key, fn)
+        finally:
+            self._land_late(op, key)
+
+    def _land_late(self, op: str, key: str) -> None:
+        if self.late is None or self.late[0] != key or op == "put_if_absent":
+            return
+        late, self.late = self.late[1], None
+        try:
+            late()
+            event("a late write landed")
+        except AlreadyExistsError:  # someone took the key meanwhile: it never lands
+            event("a late write lost")
 
     def writer_lock(self) -> Any:
         return contextlib.nullcontext()

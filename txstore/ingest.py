@@ -37,6 +37,7 @@ def _samples(
     stop_flag: Any = None,
 ) -> Iterator[dict[str, Any]]:
     """fn's samples for inputs[start:stop]; fn returns a dict or yields several."""
+    unreported = 0
     for index in range(start, stop):
         if stop_flag is not None and stop_flag.value:
             raise _Stopped
@@ -49,11 +50,22 @@ def _samples(
                 f"fn failed on input {index} ({item!r:.200}): {type(e).__name__}: {e}", index
             ) from e
         yield from produced
-        if isinstance(counter, Progress):
-            counter.update(len(produced))
-        elif counter is not None:
-            with counter.get_lock():
-                counter.value += len(produced)
+        unreported += len(produced)
+        if unreported >= _REPORT_EVERY or index == stop - 1:
+            _report(counter, unreported)
+            unreported = 0
+
+
+#: Samples between progress reports: a shared counter costs a lock per update.
+_REPORT_EVERY = 512
+
+
+def _report(counter: Any, n: int) -> None:
+    if isinstance(counter, Progress):
+        counter.update(n)
+    elif counter is not None:
+        with counter.get_lock():
+            counter.value += n
 
 
 # What a worker process inherits from the parent at fork (never pickled): the function,
@@ -195,7 +207,7 @@ def _run_workers(
     report: Progress,
 ) -> list[StagedPart]:
     ctx = multiprocessing.get_context("fork")  # fn and inputs are inherited, not pickled
-    counter, stop_flag = ctx.Value("q", 0), ctx.Value("b", 0)
+    counter, stop_flag = ctx.Value("q", 0), ctx.Value("b", 0, lock=False)  # a flag needs none
     shares = _shares(len(items), num_workers)
     handle = txn.handle.to_json()
     with ProcessPoolExecutor(

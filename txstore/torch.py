@@ -140,7 +140,8 @@ class _ChunkFetcher:
 
     def _fetch(self, chunk: ChunkRef) -> Fetched:
         version, fields = self._snapshot.version, self._snapshot.fields
-        if self._cache is None:
+        if self._cache is None or fields is not None:
+            # A projection fetches only its frames; caching whole files would download all.
             return self._remote.fetch(chunk, version, fields)
         for src in sources(chunk):
             if not os.path.exists(os.path.join(self._cache.root, src.path)):
@@ -151,7 +152,7 @@ class _ChunkFetcher:
             return self._remote.fetch(chunk, version, fields)
 
     def release(self, chunk: ChunkRef) -> None:
-        if self._cache is None:
+        if self._cache is None or self._snapshot.fields is not None:
             return
         with self._lock:
             self._finished += [src.path for src in sources(chunk)]

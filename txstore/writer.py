@@ -10,7 +10,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from .errors import TxstoreError
-from .format.chunk import BuiltChunk, ChunkBuilder
+from .format.chunk import ChunkBuilder
 from .format.codec import FrameCompressor
 from .format.manifest import ChunkRef, StoreConfig
 from .storage import Storage
@@ -59,14 +59,17 @@ class ChunkWriter:
         builder, self._builder = self._builder, self._new_builder()
         if not builder.num_samples:
             return
-        built = builder.finish()
+        builder.end_block()  # compress here: the compressor is not shared across threads
         key = new_chunk_key()
         self._keys.append(key)
         while len(self._uploads) >= MAX_PENDING_UPLOADS:
             self._refs.append(self._uploads.popleft().result())
-        self._uploads.append(self._pool.submit(self._upload, key, built))
+        # The builder is this upload's alone now: it checksums and writes there while this
+        # thread encodes the next chunk.
+        self._uploads.append(self._pool.submit(self._upload, key, builder))
 
-    def _upload(self, key: str, built: BuiltChunk) -> ChunkRef:
+    def _upload(self, key: str, builder: ChunkBuilder) -> ChunkRef:
+        built = builder.finish()
         self._storage.write(key, built.parts)
         return ChunkRef(
             path=key,

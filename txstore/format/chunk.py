@@ -109,6 +109,17 @@ _RAW_STREAK, _PROBE_EVERY = 4, 32
 _JOIN_BELOW = 16384
 
 
+#: A sealed frame before its checksum: column, offset, length, raw length, codec, flags, parts.
+_PendingFrame = tuple[int, int, int, int, int, int, list[bytes]]
+
+
+def _crc_of(parts: list[bytes]) -> int:
+    checksum = 0
+    for part in parts:
+        checksum = crc32(part, checksum)
+    return checksum
+
+
 class ChunkBuilder:
     """Accumulates samples into one chunk; the caller decides when the chunk is full.
 
@@ -123,7 +134,7 @@ class ChunkBuilder:
         self._parts: list[bytes | memoryview] = [HEADER.pack(CHUNK_MAGIC, CHUNK_MAJOR, CHUNK_MINOR)]
         self._size = HEADER.size
         self._columns: dict[str, int] = {}
-        self._blocks: list[BlockIndex] = []
+        self._blocks: list[tuple[int, list[_PendingFrame]]] = []
         self._num_samples = 0
         self._raw_streak: dict[str, int] = {}
         self._reset_block()
@@ -216,27 +227,32 @@ class ChunkBuilder:
                     self._raw_streak[name] += 1
                 if raw_length < _JOIN_BELOW * len(parts):  # many small parts: one is cheaper
                     stored = [b"".join(parts)]
-            checksum = 0
-            length = 0
-            for part in stored:
-                checksum = crc32(part, checksum)
-                length += len(part)
+            length = sum(len(part) for part in stored)
             flags = FLAG_SPARSE if name in self._sparse else 0
-            frames.append(
-                FrameIndex(column, self._size, length, raw_length, codec, checksum, flags)
-            )
+            # The checksum is left to finish(), which a writer runs on another thread.
+            frames.append((column, self._size, length, raw_length, codec, flags, stored))
             self._parts.extend(stored)
             self._size += length
-        self._blocks.append(BlockIndex(self._block_n, frames))
+        self._blocks.append((self._block_n, frames))
         self._num_samples += self._block_n
         self._reset_block()
 
     def finish(self) -> BuiltChunk:
+        """The chunk's bytes and footer. Checksums every frame: the costly part, so a writer
+        runs it on its upload thread (zlib releases the GIL) while the next chunk encodes."""
         self._seal_block()
-        footer = msgspec.msgpack.encode(
-            ChunkFooter(
-                CHUNK_MAJOR, CHUNK_MINOR, self._num_samples, list(self._columns), self._blocks
+        blocks = [
+            BlockIndex(
+                n,
+                [
+                    FrameIndex(column, offset, length, raw_length, codec, _crc_of(parts), flags)
+                    for column, offset, length, raw_length, codec, flags, parts in frames
+                ],
             )
+            for n, frames in self._blocks
+        ]
+        footer = msgspec.msgpack.encode(
+            ChunkFooter(CHUNK_MAJOR, CHUNK_MINOR, self._num_samples, list(self._columns), blocks)
         )
         trailer = TRAILER.pack(len(footer), crc32(footer), TRAILER_MAGIC)
         footer_offset = self._size

@@ -1,0 +1,695 @@
+"""Cost of adding a field to existing samples, and of reading some fields only (txstore).
+
+Issue 7, item 5. A store of 200,000 samples with five fields {id: int, caption: 64-char str,
+a: 1 KiB bytes, b: 1 KiB bytes, c: 2 KiB bytes} is built once (not timed). Then:
+
+- ``add_fields(store, fn, ["latent"], num_workers=0 | 2)`` adds a 4 KiB bytes field, each run on a
+  fresh copy of the store: wall time, and the bytes written, by folder (sizes of the files new or
+  changed in the store folder), against the store's size and against 200,000 x 4 KiB;
+- reading two of five fields (``snapshot.select(["a", "c"])`` and
+  ``txstore.torch.StreamingDataset(snapshot, fields=["a", "c"])``) against a full read: bytes
+  returned by the storage (a counting wrapper), bytes read by syscalls (/proc/self/io rchar,
+  warm page cache) and bytes read from the disk (read_bytes, cold page cache); the same on the
+  six-field version, for ["a", "c"] and for ["caption", "latent"] (chunk + field file).
+
+    python bench/bench_fields.py [--quick] [--repeat N] [--json out.json]
+
+See bench/README.md for the setup.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import json
+import os
+import pstats
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import bench_append as ba
+from bench_optimize import Pool
+
+from txstore.storage import FileInfo, Storage
+from txstore.storage.base import Data
+
+MB = ba.MB
+NUM_SAMPLES = 200_000
+BYTES_FIELDS = {"a": 1024, "b": 1024, "c": 2048}
+CAPTION_CHARS = 64
+NEW_FIELD = "latent"
+NEW_FIELD_BYTES = 4096
+WORKER_COUNTS = (0, 2)
+MATCH_SLACK = 0.02  # a projection "matches" within 2 points of the full read (footers, metadata)
+WRITE_SLACK = 0.05  # add_fields "writes about n x 4 KiB" within 5%
+PACKAGES = ("txstore", "torch", "zstandard", "msgspec", "numpy")
+Sample = dict[str, Any]
+
+
+# --------------------------------------------------------------------------- samples
+
+
+class Pools:
+    """Pre-generated random payloads for every field, so building a sample costs a slice."""
+
+    def __init__(self, count: int) -> None:
+        self.fields = {name: Pool(count, size) for name, size in BYTES_FIELDS.items()}
+        self.captions = Pool(count, CAPTION_CHARS // 2)
+        self.latent = Pool(count, NEW_FIELD_BYTES)
+
+    def sample(self, index: int) -> Sample:
+        out: Sample = {"id": index, "caption": self.captions.payload(index).hex()}
+        for name, pool in self.fields.items():
+            out[name] = pool.payload(index)
+        return out
+
+
+_POOLS: Pools | None = None  # inherited by add_fields' forked workers
+
+
+def latent_of(sample: Sample) -> Sample:
+    """add_fields' function: one new 4 KiB value per sample."""
+    assert _POOLS is not None
+    return {NEW_FIELD: _POOLS.latent.payload(sample["id"])}
+
+
+def build_store(path: Path, count: int) -> float:
+    import txstore
+
+    assert _POOLS is not None
+    pools = _POOLS
+    start = time.perf_counter()
+    store = txstore.create(str(path))  # default config: zstd, 64 MB chunks, 64 KiB blocks
+    store.append(pools.sample(i) for i in range(count))
+    return time.perf_counter() - start
+
+
+# --------------------------------------------------------------------------- counting
+
+
+class CountingStorage(Storage):
+    """Delegates every call to ``inner`` and sums the bytes that reads return."""
+
+    def __init__(self, inner: Storage) -> None:
+        self.inner = inner
+        self.uri = inner.uri
+        self.storage_options = inner.storage_options
+        self.range_merge_gap = inner.range_merge_gap
+        self.bytes_read = 0
+        self.reads = 0
+
+    def _count(self, data: bytes) -> bytes:
+        self.bytes_read += len(data)
+        self.reads += 1
+        return data
+
+    def read(self, key: str) -> bytes:
+        return self._count(self.inner.read(key))
+
+    def read_range(self, key: str, start: int, end: int) -> bytes:
+        return self._count(self.inner.read_range(key, start, end))
+
+    def read_with_token(self, key: str) -> tuple[bytes, str]:
+        data, token = self.inner.read_with_token(key)
+        return self._count(data), token
+
+    def write(self, key: str, data: Data) -> None:
+        self.inner.write(key, data)
+
+    def put_if_absent(self, key: str, data: bytes) -> None:
+        self.inner.put_if_absent(key, data)
+
+    def compare_and_swap(self, key: str, data: bytes, token: str | None) -> None:
+        self.inner.compare_and_swap(key, data, token)
+
+    def exists(self, key: str) -> bool:
+        return self.inner.exists(key)
+
+    def list(self, prefix: str) -> Iterator[FileInfo]:
+        return self.inner.list(prefix)
+
+    def delete(self, key: str) -> None:
+        self.inner.delete(key)
+
+    def writer_lock(self) -> Any:
+        return self.inner.writer_lock()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def proc_io() -> dict[str, int]:
+    """This process's I/O counters (reaped children included)."""
+    with open("/proc/self/io") as f:
+        return {k: int(v) for k, v in (line.split(": ") for line in f.read().splitlines())}
+
+
+def io_delta(before: dict[str, int]) -> dict[str, int]:
+    after = proc_io()
+    return {k: after[k] - before[k] for k in after}
+
+
+def drop_cache(root: Path) -> None:
+    """Evict the store's files from the page cache (they are clean: txstore fsyncs)."""
+    for path in root.rglob("*"):
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+# --------------------------------------------------------------------------- folders
+
+
+def category(rel: str) -> str:
+    if rel.startswith("chunks/"):
+        return "chunks/*.fields" if rel.endswith(".fields") else "chunks/*.chunk"
+    top = rel.split("/", 1)[0]
+    return f"{top}/" if "/" in rel else "other"
+
+
+CATEGORIES = ("chunks/*.chunk", "chunks/*.fields", "segments/", "versions/", "other")
+FileState = tuple[int, int, int]  # size, inode, mtime_ns
+
+
+def file_states(root: Path) -> dict[str, FileState]:
+    states = {}
+    for path in root.rglob("*"):
+        if path.is_file():
+            st = path.stat()
+            states[path.relative_to(root).as_posix()] = (st.st_size, st.st_ino, st.st_mtime_ns)
+    return states
+
+
+def by_category(states: dict[str, FileState], keys: Iterable[str]) -> dict[str, int]:
+    sums = dict.fromkeys(CATEGORIES, 0)
+    for key in keys:
+        sums[category(key)] += states[key][0]
+    return sums
+
+
+def written(before: dict[str, FileState], after: dict[str, FileState]) -> dict[str, int]:
+    """Bytes of the files that are new or changed (replaced) since ``before``, by folder."""
+    return by_category(after, (k for k, s in after.items() if before.get(k) != s))
+
+
+# --------------------------------------------------------------------------- add_fields
+
+
+@dataclass
+class AddRun:
+    workers: int
+    wall_s: float
+    written: dict[str, int]
+    io: dict[str, int]
+    version: int
+
+
+def add_once(
+    base: Path, workdir: Path, workers: int, profiler: cProfile.Profile | None = None
+) -> AddRun:
+    """add_fields on a fresh copy of ``base`` (the copy is not timed, nor profiled)."""
+    import txstore
+    from txstore.fields import add_fields
+
+    run_dir = Path(tempfile.mkdtemp(prefix=f"fields-add{workers}-", dir=workdir))
+    try:
+        path = run_dir / "store"
+        shutil.copytree(base, path)
+        os.sync()
+        before = file_states(path)
+        store = txstore.open(str(path))
+        gc.collect()
+        io_before = proc_io()
+        start = time.perf_counter()
+        if profiler is not None:
+            profiler.enable()
+        commit = add_fields(store, latent_of, [NEW_FIELD], num_workers=workers)
+        if profiler is not None:
+            profiler.disable()
+        wall = time.perf_counter() - start
+        io = io_delta(io_before)
+        check_added(store, commit.version)
+        return AddRun(workers, wall, written(before, file_states(path)), io, commit.version)
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def check_added(store: Any, version: int) -> None:
+    assert _POOLS is not None
+    new, old = store.snapshot(version), store.snapshot(version - 1)
+    for i in (0, len(new) // 2, len(new) - 1):
+        sample = new[i]
+        if sample[NEW_FIELD] != _POOLS.latent.payload(sample["id"]) or sample["a"] != old[i]["a"]:
+            raise AssertionError(f"sample {i} of version {version} is wrong")
+    if NEW_FIELD in old[0]:
+        raise AssertionError(f"version {version - 1} has {NEW_FIELD}")
+
+
+@dataclass
+class AddResult:
+    workers: int
+    wall_s: float
+    runs_s: list[float]
+    written: dict[str, int]
+    store_before: dict[str, int]
+    io: dict[str, int]
+
+    @property
+    def written_total(self) -> int:
+        return sum(self.written.values())
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["written_total"] = self.written_total
+        return data
+
+
+def measure_add_fields(
+    base: Path, workdir: Path, repeat: int, store_before: dict[str, int]
+) -> list[AddResult]:
+    runs: dict[int, list[AddRun]] = {w: [] for w in WORKER_COUNTS}
+    for r in range(repeat):  # round robin
+        for workers in WORKER_COUNTS:
+            run = add_once(base, workdir, workers)
+            runs[workers].append(run)
+            print(
+                f"  [{r + 1}/{repeat}] add_fields num_workers={workers}: {run.wall_s:.2f} s",
+                flush=True,
+            )
+    results = []
+    for workers, done in runs.items():
+        median = sorted(done, key=lambda run: run.wall_s)[len(done) // 2]
+        totals = sorted(sum(run.written.values()) for run in done)
+        if totals[-1] - totals[0] > 0:
+            print(
+                f"  num_workers={workers}: bytes written vary by {totals[-1] - totals[0]} B "
+                "between runs (timestamps in the metadata)"
+            )
+        results.append(
+            AddResult(
+                workers,
+                median.wall_s,
+                sorted(run.wall_s for run in done),
+                median.written,
+                store_before,
+                median.io,
+            )
+        )
+    return results
+
+
+# --------------------------------------------------------------------------- reads
+
+
+@dataclass(frozen=True)
+class ReadCase:
+    label: str
+    version: int
+    fields: tuple[str, ...] | None  # None: every field
+
+
+@dataclass
+class ReadResult:
+    case: str
+    reader: str
+    fields: str
+    samples: int = 0
+    counted_bytes: int = 0
+    counted_reads: int = 0
+    warm_s: float | None = None
+    warm_rchar: int = 0
+    cold_s: float | None = None
+    cold_read_bytes: int = 0
+    cold_rchar: int = 0
+    ideal_bytes: int = 0
+    warm_runs_s: list[float] = field(default_factory=list)
+    cold_runs_s: list[float] = field(default_factory=list)
+
+
+def iterate(store: Any, case: ReadCase, reader: str, cache_dir: Path) -> int:
+    """Read every sample of the case's version with ``reader``; the number of samples."""
+    from txstore.torch import StreamingDataset
+
+    snapshot = store.snapshot(case.version)
+    if reader == "snapshot":
+        source: Iterable[Sample] = snapshot if case.fields is None else snapshot.select(case.fields)
+    else:
+        fields = None if case.fields is None else list(case.fields)
+        source = StreamingDataset(snapshot, fields=fields, cache_dir=str(cache_dir))
+    count = 0
+    for sample in source:
+        if count == 0 and case.fields is not None and set(sample) != set(case.fields):
+            raise AssertionError(f"{reader} returned fields {sorted(sample)}")
+        count += 1
+    return count
+
+
+def timed_read(
+    path: Path, case: ReadCase, reader: str, cold: bool, workdir: Path
+) -> tuple[float, dict[str, int], int]:
+    import txstore
+
+    cache_dir = Path(tempfile.mkdtemp(prefix="fields-cache-", dir=workdir))
+    try:
+        store = txstore.open(str(path))
+        store.snapshot(case.version).chunks()  # metadata read before the clock starts
+        if cold:
+            drop_cache(path)
+        gc.collect()
+        before = proc_io()
+        start = time.perf_counter()
+        count = iterate(store, case, reader, cache_dir)
+        return time.perf_counter() - start, io_delta(before), count
+    finally:
+        shutil.rmtree(cache_dir, ignore_errors=True)
+
+
+def counted_read(path: Path, case: ReadCase, reader: str, workdir: Path) -> tuple[int, int]:
+    """(bytes, calls) that reads through the storage return, metadata included."""
+    import txstore
+    from txstore.storage import open_storage
+
+    counting = CountingStorage(open_storage(str(path)))
+    cache_dir = Path(tempfile.mkdtemp(prefix="fields-cache-", dir=workdir))
+    try:
+        iterate(txstore.open(counting), case, reader, cache_dir)
+    finally:
+        shutil.rmtree(cache_dir, ignore_errors=True)
+    return counting.bytes_read, counting.reads
+
+
+def stored_column_bytes(path: Path, version: int) -> dict[str, int]:
+    """Bytes of each visible column's frames in the version's files (what a projection needs)."""
+    import txstore
+    from txstore.snapshot import sources
+
+    store = txstore.open(str(path))
+    reader = store.snapshot(version)._reader
+    sums: dict[str, int] = {}
+    for chunk in store.snapshot(version).chunks():
+        for src in sources(chunk):
+            layout = reader.layout(src, version)
+            for block in layout.footer.blocks:
+                for frame in block.frames:
+                    name = layout.columns[frame.column]
+                    if name not in src.hidden:
+                        sums[name] = sums.get(name, 0) + frame.length
+    return sums
+
+
+READERS = ("snapshot", "torch")
+
+
+def read_cases() -> list[ReadCase]:
+    return [
+        ReadCase("v1 (5 fields)", 1, None),
+        ReadCase("v1 (5 fields)", 1, ("a", "c")),
+        ReadCase("v2 (+latent)", 2, None),
+        ReadCase("v2 (+latent)", 2, ("a", "c")),
+        ReadCase("v2 (+latent)", 2, ("caption", NEW_FIELD)),
+    ]
+
+
+def measure_reads(path: Path, workdir: Path, repeat: int, count: int) -> list[ReadResult]:
+    columns = {v: stored_column_bytes(path, v) for v in (1, 2)}
+    results: dict[tuple[int, str], ReadResult] = {}
+    for n, case in enumerate(read_cases()):
+        for reader in READERS:
+            fields = "all" if case.fields is None else ",".join(case.fields)
+            res = ReadResult(case.label, reader, fields)
+            wanted = columns[case.version] if case.fields is None else case.fields
+            res.ideal_bytes = sum(columns[case.version].get(f, 0) for f in wanted)
+            res.counted_bytes, res.counted_reads = counted_read(path, case, reader, workdir)
+            results[(n, reader)] = res
+    for r in range(repeat):  # round robin over cases, readers and cache states
+        for cold in (False, True):
+            for n, case in enumerate(read_cases()):
+                for reader in READERS:
+                    record_read(results[(n, reader)], path, case, reader, cold, workdir, count)
+        print(f"  [{r + 1}/{repeat}] reads done", flush=True)
+    return [finish_read(res) for res in results.values()]
+
+
+def record_read(
+    res: ReadResult, path: Path, case: ReadCase, reader: str, cold: bool, workdir: Path, count: int
+) -> None:
+    seconds, io, samples = timed_read(path, case, reader, cold, workdir)
+    if samples != count:
+        raise AssertionError(f"{reader} read {samples} samples, expected {count}")
+    res.samples = samples
+    if cold:
+        res.cold_runs_s.append(seconds)
+        res.cold_read_bytes, res.cold_rchar = io["read_bytes"], io["rchar"]
+    else:
+        res.warm_runs_s.append(seconds)
+        res.warm_rchar = io["rchar"]
+
+
+def finish_read(res: ReadResult) -> ReadResult:
+    res.warm_runs_s.sort()
+    res.cold_runs_s.sort()
+    res.warm_s = statistics.median(res.warm_runs_s) if res.warm_runs_s else None
+    res.cold_s = statistics.median(res.cold_runs_s) if res.cold_runs_s else None
+    return res
+
+
+# --------------------------------------------------------------------------- reporting
+
+
+def mb(n: int | None) -> str:
+    return "-" if n is None else f"{n / MB:,.1f}"
+
+
+def print_store(sizes: dict[str, int], build_s: float, count: int) -> None:
+    total = sum(sizes.values())
+    print(
+        f"\nstore: {count:,} samples, {mb(total)} MB on disk, built in {build_s:.1f} s "
+        "(not timed); by folder: " + ", ".join(f"{k} {v:,} B" for k, v in sizes.items())
+    )
+
+
+def print_add_table(results: Sequence[AddResult], count: int) -> list[dict[str, Any]]:
+    ideal = count * NEW_FIELD_BYTES
+    print(
+        f"\nadd_fields(store, fn, ['{NEW_FIELD}']): a {NEW_FIELD_BYTES} B bytes field on "
+        f"{count:,} samples; ideal {mb(ideal)} MB (n x 4 KiB); bytes written, by folder:"
+    )
+    cells = [f"{c} B" for c in CATEGORIES]
+    header = "| workers | wall s | " + " | ".join(cells) + " | total MB | / ideal | / store |"
+    print(header)
+    print("|" + "|".join("-" * len(cell) for cell in header.split("|")[1:-1]) + "|")
+    verdicts = []
+    for r in results:
+        store = sum(r.store_before.values())
+        parts = " | ".join(
+            f"{r.written[c]:>{len(cell)},}" for c, cell in zip(CATEGORIES, cells, strict=True)
+        )
+        print(
+            f"| {r.workers:>7} | {r.wall_s:6.2f} | {parts} | {mb(r.written_total):>8} "
+            f"| {r.written_total / ideal:7.3f} | {r.written_total / store:7.3f} |"
+        )
+        met = r.written_total <= ideal * (1 + WRITE_SLACK) and r.written["chunks/*.chunk"] == 0
+        verdicts.append(
+            {"workers": r.workers, "written_over_ideal": r.written_total / ideal, "met": met}
+        )
+    for r in results:
+        runs = ", ".join(f"{t:.2f}" for t in r.runs_s)
+        print(
+            f"  num_workers={r.workers}: runs {runs} s; /proc/self/io (workers included): "
+            f"read {mb(r.io['rchar'])} MB (rchar), wrote {mb(r.io['wchar'])} MB (wchar), "
+            f"{mb(r.io['write_bytes'])} MB to disk (write_bytes)"
+        )
+    ok = all(v["met"] for v in verdicts)
+    print(
+        f"target: about n x 4 KiB plus small metadata, no chunk rewritten "
+        f"(within {WRITE_SLACK:.0%}) -> {'yes' if ok else 'NO'}"
+    )
+    return verdicts
+
+
+def print_read_table(results: Sequence[ReadResult]) -> list[dict[str, Any]]:
+    print(
+        "\nreads: bytes moved per read of every sample; fraction = / the full read of the "
+        "same version and reader"
+    )
+    header = (
+        "| version | reader | fields | ideal frac | counted MB | frac | rchar MB (warm) | frac "
+        "| disk MB (cold) | frac | warm s | cold s |"
+    )
+    print(header)
+    print("|" + "|".join("-" * len(cell) for cell in header.split("|")[1:-1]) + "|")
+    full = {(r.case, r.reader): r for r in results if r.fields == "all"}
+    verdicts = []
+    for r in results:
+        f = full[(r.case, r.reader)]
+        fr = {
+            "ideal": r.ideal_bytes / f.ideal_bytes,
+            "counted": r.counted_bytes / f.counted_bytes,
+            "rchar": r.warm_rchar / f.warm_rchar if f.warm_rchar else None,
+            "disk": r.cold_read_bytes / f.cold_read_bytes if f.cold_read_bytes else None,
+        }
+        print(
+            f"| {r.case} | {r.reader} | {r.fields} | {fr['ideal']:.3f} | {mb(r.counted_bytes)} "
+            f"| {fr['counted']:.3f} | {mb(r.warm_rchar)} | {ba.fmt(fr['rchar'], '.3f')} "
+            f"| {mb(r.cold_read_bytes)} | {ba.fmt(fr['disk'], '.3f')} "
+            f"| {ba.fmt(r.warm_s, '.2f')} | {ba.fmt(r.cold_s, '.2f')} |"
+        )
+        if r.fields != "all":
+            verdicts.append(read_verdict(r, fr))
+    return verdicts
+
+
+def read_verdict(r: ReadResult, fractions: dict[str, float | None]) -> dict[str, Any]:
+    ideal = fractions["ideal"] or 0.0
+
+    def matches(value: float | None) -> bool | None:
+        return None if value is None else value <= ideal + MATCH_SLACK
+
+    return {
+        "case": r.case,
+        "reader": r.reader,
+        "fields": r.fields,
+        "fractions": fractions,
+        "counted_matches": matches(fractions["counted"]),
+        "rchar_matches": matches(fractions["rchar"]),
+        "disk_matches": matches(fractions["disk"]),
+    }
+
+
+def print_read_verdicts(verdicts: Sequence[dict[str, Any]]) -> None:
+    print(
+        f"\ntarget: reading some fields moves a matching fraction of the bytes (within "
+        f"{MATCH_SLACK:.0%} of the full read above the ideal fraction):"
+    )
+    for v in verdicts:
+        marks = ", ".join(
+            f"{k} {'-' if v[k + '_matches'] is None else ('yes' if v[k + '_matches'] else 'NO')}"
+            for k in ("counted", "rchar", "disk")
+        )
+        print(f"  {v['case']} {v['reader']:<8} {v['fields']:<16} {marks}")
+    print(
+        "  counted: bytes the storage returned (for 'torch' through the counting wrapper, which "
+        "StreamingDataset treats as a remote store: whole files go to its disk cache)"
+    )
+
+
+# --------------------------------------------------------------------------- profiling
+
+
+def print_profile(label: str, profiler: cProfile.Profile, top: int) -> None:
+    print(f"\ncProfile: {label}")
+    pstats.Stats(profiler, stream=sys.stdout).strip_dirs().sort_stats("tottime").print_stats(top)
+
+
+def profile(label: str, call: Callable[[], object], top: int) -> None:
+    profiler = cProfile.Profile()
+    profiler.enable()
+    call()
+    profiler.disable()
+    print_profile(label, profiler, top)
+
+
+def run_profiles(base: Path, workdir: Path) -> None:
+    import txstore
+
+    profiler = cProfile.Profile()
+    add_once(base, workdir, 0, profiler)
+    print_profile("add_fields, num_workers=0 (the call only)", profiler, 25)
+    store = txstore.open(str(base))
+    case = ReadCase("v1", 1, ("a", "c"))
+    for reader in READERS:
+        cache = Path(tempfile.mkdtemp(prefix="fields-cache-", dir=workdir))
+        try:
+            profile(
+                f"{reader} read of {case.fields}, v1, warm",
+                lambda r=reader, c=cache: iterate(store, case, r, c),
+                20,
+            )
+        finally:
+            shutil.rmtree(cache, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- main
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="10x fewer samples (smoke run)")
+    parser.add_argument("--json", type=Path, help="write all results to this JSON file")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per measurement; median kept")
+    parser.add_argument(
+        "--workdir", type=Path, default=ba.default_workdir(), help="where temp dirs go (same disk)"
+    )
+    parser.add_argument("--skip-reads", action="store_true", help="only add_fields")
+    parser.add_argument("--profile", action="store_true", help="also cProfile add_fields and reads")
+    return parser.parse_args(argv)
+
+
+def machine(workdir: Path) -> dict[str, Any]:
+    info = ba.machine_info(workdir)
+    info["packages"] = {k: v for k, v in info["packages"].items() if k in PACKAGES}
+    return info
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    global _POOLS
+    args = parse_args(argv)
+    import txstore.torch  # noqa: F401  (torch is imported before any timing)
+
+    info = machine(args.workdir)
+    ba.print_machine(info)
+    report: dict[str, Any] = {"machine": info, "quick": args.quick, "argv": sys.argv[1:]}
+    count = NUM_SAMPLES // (ba.QUICK_FACTOR if args.quick else 1)
+    start = time.perf_counter()
+    _POOLS = Pools(count)
+    print(f"payload pools generated in {time.perf_counter() - start:.1f} s (not timed)")
+    base_dir = Path(tempfile.mkdtemp(prefix="fields-base-", dir=args.workdir))
+    try:
+        base = base_dir / "store"
+        build_s = build_store(base, count)
+        sizes = by_category(file_states(base), file_states(base))
+        print_store(sizes, build_s, count)
+        adds = measure_add_fields(base, args.workdir, args.repeat, sizes)
+        report["store_bytes"] = sizes
+        report["add_fields"] = [a.to_json() for a in adds]
+        report["add_fields_verdict"] = print_add_table(adds, count)
+        if args.profile:
+            run_profiles(base, args.workdir)
+        if not args.skip_reads:
+            run_reads(base, args, report, count)
+    finally:
+        shutil.rmtree(base_dir, ignore_errors=True)
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"\nresults written to {args.json}")
+    return 0
+
+
+def run_reads(base: Path, args: argparse.Namespace, report: dict[str, Any], count: int) -> None:
+    import txstore
+    from txstore.fields import add_fields
+
+    print("\nreads: version 1 = the five fields; version 2 = add_fields(latent) on it (2 workers)")
+    add_fields(txstore.open(str(base)), latent_of, [NEW_FIELD], num_workers=2)
+    reads = measure_reads(base, args.workdir, args.repeat, count)
+    report["reads"] = [asdict(r) for r in reads]
+    verdicts = print_read_table(reads)
+    print_read_verdicts(verdicts)
+    report["read_verdicts"] = verdicts
+
+
+if __name__ == "__main__":
+    sys.exit(main())

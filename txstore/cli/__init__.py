@@ -1,0 +1,193 @@
+"""The ``txstore`` command line: inspect and operate a store from a shell or a script.
+
+Human tables by default, ``--json`` for scripts, a progress line on stderr for long work when
+stderr is a terminal, and a prompt (or ``--yes``) before anything destructive. Exit codes are
+listed in ``EPILOG``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import textwrap
+from collections.abc import Callable, Sequence
+
+from .. import open as open_store
+from ..errors import ConflictError, TxstoreError
+from ..store import Store
+from .output import (
+    EPILOG,
+    EXAMPLES,
+    EXIT_CONFLICT,
+    EXIT_ERROR,
+    EXIT_NOT_CONFIRMED,
+    EXIT_USAGE,
+    _NotConfirmed,
+    _options,
+)
+from .read import (
+    _cmd_cat,
+    _cmd_diff,
+    _cmd_info,
+    _cmd_leases,
+    _cmd_log,
+    _cmd_ls,
+    _cmd_show,
+    _cmd_tags,
+    _cmd_verify,
+)
+from .write import _cmd_compact, _cmd_expire, _cmd_rollback, _cmd_tag, _cmd_untag, _cmd_vacuum
+
+Command = Callable[[Store, argparse.Namespace], int]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="txstore",
+        description="Inspect and operate txstore datasets (local paths, s3://, memory://).",
+        epilog=EXAMPLES + EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("uri", metavar="URI", help="the store: a path or s3://bucket/prefix")
+    common.add_argument(
+        "--storage-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an fsspec/s3fs option, repeatable: endpoint_url=http://host:9000, key=..., "
+        "secret=..., region_name=...",
+    )
+    common.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+    common.add_argument("-q", "--quiet", action="store_true", help="no progress line on stderr")
+    confirm = argparse.ArgumentParser(add_help=False)
+    confirm.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", title="commands")
+
+    def add(
+        name: str, run: Command, summary: str, *parents: argparse.ArgumentParser, details: str = ""
+    ) -> argparse.ArgumentParser:
+        p = sub.add_parser(
+            name,
+            parents=[common, *parents],
+            help=summary,
+            description=textwrap.fill(f"{summary[0].upper()}{summary[1:]}. {details}", 88),
+            epilog=EPILOG,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        p.set_defaults(run=run)
+        return p
+
+    p = add("log", _cmd_log, "the commit history, newest first")
+    p.add_argument("--limit", type=int, default=None, help="show at most N commits")
+    p = add("show", _cmd_show, "one commit in detail: operation, samples, tags, leases, files")
+    p.add_argument("ref", metavar="VERSION", help="a version number or tag")
+    p = add("info", _cmd_info, "size and settings of a version")
+    p.add_argument("--version", default=None, metavar="VERSION", help="default: the latest")
+    p = add("ls", _cmd_ls, "the chunk files of a version, with samples and bytes")
+    p.add_argument("--version", default=None, metavar="VERSION", help="default: the latest")
+    p = add("cat", _cmd_cat, "print one sample")
+    p.add_argument("index", type=int, help="sample index (negative counts from the end)")
+    p.add_argument("--version", default=None, metavar="VERSION", help="default: the latest")
+    p = add(
+        "diff",
+        _cmd_diff,
+        "the commits between two versions and the samples added and removed",
+        details="Samples are given as index ranges, with the append (and txn_id) that added them.",
+    )
+    p.add_argument("a", metavar="A", help="the version to compare from")
+    p.add_argument("b", metavar="B", help="the version to compare to")
+    add("tags", _cmd_tags, "list tags")
+    p = add(
+        "tag",
+        _cmd_tag,
+        "name a version; a tagged version never expires",
+        details="An existing tag is moved only with --force.",
+    )
+    p.add_argument("name", help="letters, digits, '_', '.', '-'; not all digits")
+    p.add_argument("ref", metavar="VERSION", nargs="?", default=None, help="default: the latest")
+    p.add_argument("-m", "--message", default=None, help="why this version matters")
+    p.add_argument("--force", action="store_true", help="move the tag if it exists")
+    p = add("untag", _cmd_untag, "delete a tag", confirm)
+    p.add_argument("name")
+    add("leases", _cmd_leases, "list leases (running jobs' pins on versions)")
+    p = add(
+        "rollback",
+        _cmd_rollback,
+        "commit a new version with the samples of an earlier one",
+        confirm,
+        details="History stays: later versions remain readable. Fails with exit code 4 if "
+        "anything is committed between the prompt and the rollback.",
+    )
+    p.add_argument("ref", metavar="VERSION", help="the version (or tag) whose samples to restore")
+    p.add_argument("-m", "--message", default=None, help="why (shown in the log)")
+    p = add(
+        "expire",
+        _cmd_expire,
+        "mark old versions expired (deletes nothing; vacuum does)",
+        confirm,
+        details="The latest, tagged and leased versions never expire. With both options, a "
+        "version must meet both.",
+    )
+    p.add_argument(
+        "--keep-last", type=int, default=None, metavar="N", help="keep the newest N versions"
+    )
+    p.add_argument(
+        "--older-than",
+        default=None,
+        metavar="AGE",
+        help="expire only versions older than AGE (30d, 12h)",
+    )
+    p.add_argument("--dry-run", action="store_true", help="show what would expire")
+    p = add(
+        "vacuum",
+        _cmd_vacuum,
+        "delete files that no kept version needs",
+        confirm,
+        details="Only files older than the grace period go, so writers still at work and "
+        "readers of just-expired versions are safe. Safe while others append.",
+    )
+    p.add_argument(
+        "--grace", default="7d", metavar="AGE", help="default 7d; must exceed your longest append"
+    )
+    p.add_argument("--dry-run", action="store_true", help="list the files and bytes that would go")
+    p = add(
+        "compact",
+        _cmd_compact,
+        "rewrite runs of undersized chunks into full ones, as a new version",
+        confirm,
+        details="Same samples, same order; appends committed meanwhile are kept.",
+    )
+    p.add_argument("-m", "--message", default=None, help="the commit message")
+    p.add_argument("--dry-run", action="store_true", help="show what would be rewritten")
+    p = add(
+        "verify",
+        _cmd_verify,
+        "check every file unexpired versions need: present, size, checksums",
+        details="Exit code 3 if anything is damaged. Also counts unreferenced files.",
+    )
+    p.add_argument("--deep", action="store_true", help="also decode every sample")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        with open_store(args.uri, storage_options=_options(args.storage_option)) as store:
+            code: int = args.run(store, args)
+        return code
+    except _NotConfirmed as e:
+        print(f"txstore: {e}", file=sys.stderr)
+        return EXIT_NOT_CONFIRMED
+    except ConflictError as e:
+        print(f"txstore: conflict: {e}", file=sys.stderr)
+        return EXIT_CONFLICT
+    except ValueError as e:  # bad arguments found past the parser (a size, a name)
+        print(f"txstore: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except (TxstoreError, IndexError) as e:
+        print(f"txstore: error: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("txstore: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,7 @@
+"""``python -m txstore.cli``."""
+
+import sys
+
+from . import main
+
+sys.exit(main())

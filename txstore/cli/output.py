@@ -1,0 +1,130 @@
+"""Output helpers of the command line: tables, JSON, progress, prompts, exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+from ..history import Commit
+from ..maintenance import Progress
+from ..progress import Progress as ProgressLine
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_DAMAGED, EXIT_CONFLICT, EXIT_NOT_CONFIRMED = 0, 1, 2, 3, 4, 5
+
+EXAMPLES = """\
+examples:
+  txstore log data/captions
+  txstore tag data/captions paper-v1 12 -m "the numbers in the paper"
+  txstore rollback data/captions 9 -m "drop the bad crawl" --yes
+  txstore expire data/captions --keep-last 20 --older-than 30d --yes
+  txstore vacuum data/captions --dry-run
+  txstore verify s3://bucket/captions --storage-option endpoint_url=http://127.0.0.1:9000
+
+"""
+
+EPILOG = """\
+exit codes:
+  0  success
+  1  error (store or version not found, damaged data, storage failure)
+  2  bad usage
+  3  verify found damage
+  4  conflict: someone committed meanwhile and nothing was changed; look, then retry
+  5  not confirmed: a destructive command was declined, or had no --yes without a terminal
+
+VERSION arguments take a version number or a tag name.
+"""
+
+
+class _NotConfirmed(Exception):
+    pass
+
+
+def _options(pairs: list[str]) -> dict[str, Any] | None:
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise ValueError(f"--storage-option takes key=value, got {pair!r}")
+        if key == "endpoint_url":  # s3fs wants the endpoint inside client_kwargs
+            options.setdefault("client_kwargs", {})["endpoint_url"] = value
+        elif key == "region_name":
+            options.setdefault("client_kwargs", {})["region_name"] = value
+        else:
+            options[key] = value
+    return options or None
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, default=str))
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], right: str = "") -> None:
+    """A plain text table; columns whose header is in ``right`` are right-aligned."""
+    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in r] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    for row in cells:
+        parts = [
+            c.rjust(w) if headers[i] in right.split(",") else c.ljust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ]
+        print("  ".join(parts).rstrip())
+
+
+def _when(ts: datetime) -> str:
+    return f"{ts.astimezone(timezone.utc):%Y-%m-%d %H:%M:%S}"
+
+
+def _bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{size:,.0f} {unit}" if unit == "B" else f"{size:,.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
+def _commit_json(c: Commit) -> dict[str, Any]:
+    return {
+        "version": c.version,
+        "timestamp": c.timestamp.isoformat(),
+        "operation": c.operation,
+        "num_samples": c.num_samples,
+        "total_samples": c.total_samples,
+        "message": c.message,
+        "txn_id": c.txn_id,
+        "commit_id": c.commit_id,
+    }
+
+
+def _progress(args: argparse.Namespace) -> Progress:
+    """A progress callback drawing one stderr line per stage, only on a terminal."""
+    enabled = sys.stderr.isatty() and not args.quiet
+    current: list[ProgressLine] = []
+
+    def report(stage: str, done: int, total: int) -> None:
+        if not enabled:
+            return
+        if not current or current[0].label != stage:
+            if current:
+                current.pop().close()
+            current.append(ProgressLine(stage, total, unit="", enabled=True))
+        line = current[0]
+        line.update(done - line.done)
+        if done >= total:
+            current.pop().close()
+
+    return report
+
+
+def _confirm(args: argparse.Namespace, question: str) -> None:
+    if args.yes:
+        return
+    if not sys.stdin.isatty():
+        raise _NotConfirmed(f"{question}\nrefusing without --yes (stdin is not a terminal)")
+    print(f"{question} [y/N] ", end="", file=sys.stderr, flush=True)
+    if sys.stdin.readline().strip().lower() not in ("y", "yes"):
+        raise _NotConfirmed("not confirmed; nothing was changed")

@@ -198,11 +198,7 @@ class HistoryMachine(RuleBasedStateMachine):
         except CommitStateUnknownError:
             return None
         except StorageError:
-            # Known txstore bug, pinned by test_network.py::
-            # test_unknown_outcome_is_never_reported_as_a_failure (xfail): after a late write
-            # landed, a StorageError of a later step escapes instead of the outcome being
-            # called unknown. Until it is fixed, the model takes that case as unknown.
-            return None if self.faulty.landed_late else "failed"
+            return "failed"  # txstore says "unknown" whenever a write may have landed
         return commit.version
 
     def _settle(self, returned: list[tuple[int, Txn]], in_doubt: Txn | None) -> None:

@@ -205,13 +205,6 @@ def test_commit_that_lands_after_its_read_back(txn: bool) -> None:
     assert violations(direct, [Ack("t", reported.version)])[1] == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="txstore bug: txstore/txn/commit.py commit() looks for its in-doubt writes "
-    "(doubt.landed()) before it reads the latest version: a write that lands between the two "
-    "is taken for someone else's commit, and the attempt builds on it: the samples land twice "
-    "(with a txn_id, find_txn catches it). Fix: look again once the latest is known",
-)
 def test_commit_that_lands_between_its_two_looks() -> None:
     """The late write misses the read-back and the next look, then lands before the writer
     reads the latest version."""
@@ -224,15 +217,6 @@ def test_commit_that_lands_between_its_two_looks() -> None:
     assert violations(direct, [Ack("t", reported.version)])[1] == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=StorageError,
-    reason="txstore bug: txstore/txn/commit.py commit() turns only its own give-ups into "
-    "CommitStateUnknownError; a StorageError from any step of a later attempt (here "
-    "_InDoubt.landed()'s read-back; equally log.latest(), find_txn, ensure_marker, build) "
-    "escapes as a plain StorageError while doubt.versions holds a write that has landed, "
-    "so the caller is told 'failed' about a committed append",
-)
 @pytest.mark.parametrize("txn", [True, False])
 def test_unknown_outcome_is_never_reported_as_a_failure(txn: bool) -> None:
     """The late write lands, then the writer cannot read: it must say "unknown", not "failed"

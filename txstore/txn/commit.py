@@ -19,6 +19,7 @@ from ..errors import (
     AlreadyExistsError,
     CommitStateUnknownError,
     ConflictError,
+    CorruptError,
     StorageError,
     TxstoreError,
     VersionNotFoundError,
@@ -131,41 +132,53 @@ def commit(
     doubt = _InDoubt(log)
     unsettled = 0  # failed writes that read back as absent, in a row
     for attempt in range(1, policy.max_attempts + 1):
-        with log.storage.writer_lock():
-            ours = doubt.landed()
-            if ours is not None:
-                return _succeed(log, ours, attempt)
-            parent = log.latest()
-            if txn_id is not None:
-                existing = log.find_txn(txn_id, parent)
-                if existing is not None:
-                    created = existing.commit_id == doubt.commit_id  # a late write of ours
-                    return CommitResult(existing, created=created, attempts=attempt)
-            log.ensure_marker(parent)
-            manifest = build(parent)
-            if manifest.version != parent.version + 1 or manifest.parent != parent.version:
-                raise ValueError("build() must make the version after its parent")
-            if doubt.commit_id not in (None, manifest.commit_id):
-                raise ValueError("build() must keep one commit_id across attempts")
-            doubt.commit_id = manifest.commit_id
-            try:
-                log.storage.put_if_absent(manifest_key(manifest.version), fmt.encode(manifest))
-                outcome: bool | None = True
-            except (AlreadyExistsError, StorageError) as e:
-                outcome = _settle(log, manifest, e)
-                if outcome is None:
-                    doubt.versions.add(manifest.version)
-                    unsettled += 1
-                    if unsettled >= _MAX_UNSETTLED:
-                        ours = doubt.landed()
-                        if ours is not None:
-                            return _succeed(log, ours, attempt)
-                        raise doubt.unknown(f"writes kept failing ({e})") from e
+        try:
+            with log.storage.writer_lock():
+                parent = log.latest()
+                # After the latest is known: a doubtful write of ours that landed at or below
+                # it is visible now (versions are contiguous); one that lands later can only
+                # land at parent + 1, where our next write will meet it and read it back.
+                ours = doubt.landed()
+                if ours is not None:
+                    return _succeed(log, ours, attempt)
+                if txn_id is not None:
+                    existing = log.find_txn(txn_id, parent)
+                    if existing is not None:
+                        created = existing.commit_id == doubt.commit_id  # a late write of ours
+                        return CommitResult(existing, created=created, attempts=attempt)
+                log.ensure_marker(parent)
+                manifest = build(parent)
+                if manifest.version != parent.version + 1 or manifest.parent != parent.version:
+                    raise ValueError("build() must make the version after its parent")
+                if doubt.commit_id not in (None, manifest.commit_id):
+                    raise ValueError("build() must keep one commit_id across attempts")
+                doubt.commit_id = manifest.commit_id
+                try:
+                    key = manifest_key(manifest.version)
+                    log.storage.put_if_absent(key, fmt.encode(manifest))
+                    outcome: bool | None = True
+                except (AlreadyExistsError, StorageError) as e:
+                    outcome = _settle(log, manifest, e)
+                    if outcome is None:
+                        doubt.versions.add(manifest.version)
+                        unsettled += 1
+                        if unsettled >= _MAX_UNSETTLED:
+                            ours = doubt.landed()
+                            if ours is not None:
+                                return _succeed(log, ours, attempt)
+                            raise doubt.unknown(f"writes kept failing ({e})") from e
+        except (StorageError, CorruptError) as e:
+            if doubt.versions:  # a write may have landed: "failed" would invite a duplicate
+                raise doubt.unknown(f"a later step failed ({e})") from e
+            raise
         if outcome:
             return _succeed(log, manifest, attempt)
         if outcome is False:  # lost the race: rebase on the new latest after a pause
             time.sleep(policy.delay(attempt, rng))
-    ours = doubt.landed()
+    try:
+        ours = doubt.landed()
+    except (StorageError, CorruptError) as e:
+        raise doubt.unknown(f"gave up, and the last look failed ({e})") from e
     if ours is not None:
         return _succeed(log, ours, policy.max_attempts)
     if doubt.versions:

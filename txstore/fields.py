@@ -10,7 +10,6 @@ up with a ConflictError only if the history changed otherwise, e.g. a rollback).
 from __future__ import annotations
 
 import multiprocessing
-import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
@@ -21,13 +20,11 @@ import msgspec
 from .errors import ConflictError, EncodeError
 from .format.chunk import ChunkBuilder
 from .format.codec import FrameCompressor
-from .format.manifest import ChunkRef, FieldFile, Manifest, SegmentRef, StoreConfig
+from .format.manifest import ChunkRef, FieldFile, Manifest, StoreConfig
 from .progress import Progress
-from .segments import MAX_SEGMENT_CHUNKS
 from .snapshot import ChunkReader, Sample, sources
 from .storage import MemoryStorage, Storage, open_storage
 from .store import Commit, Store
-from .txn import commit
 
 FieldFn = Callable[[Sample], dict[str, Any]]
 BatchFieldFn = Callable[[list[Sample]], list[dict[str, Any]]]
@@ -115,13 +112,6 @@ def _with_field_file(chunk: ChunkRef, new: FieldFile | None, hide: tuple[str, ..
     )
 
 
-def _write_segments(store: Store, chunks: Sequence[ChunkRef]) -> tuple[SegmentRef, ...]:
-    return tuple(
-        store._segments.write(list(chunks[i : i + MAX_SEGMENT_CHUNKS]))
-        for i in range(0, len(chunks), MAX_SEGMENT_CHUNKS)
-    )
-
-
 def _commit_rewrite(
     store: Store,
     parent: Manifest,
@@ -129,27 +119,12 @@ def _commit_rewrite(
     operation: str,
     message: str | None,
 ) -> Commit:
-    """Commit ``chunks`` as the content of the version after ``parent``, only right after it."""
-    segments = _write_segments(store, chunks)
-    commit_id = uuid.uuid4().hex
-
-    def build(latest: Manifest) -> Manifest:
-        if latest.version != parent.version:
-            raise ConflictError(f"version {latest.version} was committed meanwhile")
-        return Manifest(
-            version=latest.version + 1,
-            parent=latest.version,
-            commit_id=commit_id,
-            operation=operation,
-            timestamp=time.time(),
-            message=message,
-            num_samples=latest.num_samples,
-            added_samples=0,
-            config=latest.config,
-            segments=segments,
-        )
-
-    return Commit.from_manifest(commit(store._log, build, policy=store._retry).manifest)
+    """Commit ``chunks`` (same samples, new references) as the version right after
+    ``parent``; a ConflictError if anything was committed after it."""
+    result = store.commit_chunks(
+        chunks, start=parent, operation=operation, message=message, replace=True
+    )
+    return Commit.from_manifest(result.manifest)
 
 
 def _only_appends_since(store: Store, version: int) -> bool:

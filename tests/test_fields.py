@@ -187,3 +187,18 @@ def test_streaming_dataset_reads_added_fields(tmp_path: Path) -> None:
     ids = sorted(int(v) for b in batches for v in b["latent_256"][:, 0, 0])
     assert ids == list(range(600))
     assert set(batches[0]) == {"caption", "latent_256"}
+
+
+def test_compaction_keeps_added_fields_aligned(tmp_path: Path) -> None:
+    store = txstore.create(str(tmp_path / "s"), chunk_bytes=8192, block_bytes=1024)
+    for start in range(0, 300, 10):  # many small appends: many undersized chunks
+        store.append({"id": i, "caption": f"c{i}"} for i in range(start, start + 10))
+    store.add_fields(lambda s: {"latent": s["id"] * 3}, ["latent"])
+    store.drop_fields(["caption"])
+    before = len(store.snapshot().chunks())
+    result = store.compact()
+    snap = store.snapshot()
+    assert len(snap.chunks()) < before, result
+    assert [(s["id"], s["latent"]) for s in snap] == [(i, 3 * i) for i in range(300)]
+    assert all(set(s) == {"id", "latent"} for s in snap)
+    assert snap[123] == {"id": 123, "latent": 369}

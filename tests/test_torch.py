@@ -87,10 +87,13 @@ def test_order_is_the_same_in_another_process(tmp_path: Path) -> None:
     assert json.loads(out.stdout) == here
 
 
+@pytest.mark.parametrize("shuffle", [True, False])
 @pytest.mark.parametrize("workers", [0, 2])
-def test_resume_mid_epoch_skips_and_repeats_nothing(tmp_path: Path, workers: int) -> None:
+def test_resume_mid_epoch_skips_and_repeats_nothing(
+    tmp_path: Path, workers: int, shuffle: bool
+) -> None:
     store = _store(str(tmp_path / "s"))
-    ds = StreamingDataset(store.snapshot(), shuffle=True, seed=5)
+    ds = StreamingDataset(store.snapshot(), shuffle=shuffle, seed=5)
     ds.set_epoch(2)
     loader = StreamingDataLoader(ds, batch_size=8, num_workers=workers)
     full = _ids(StreamingDataLoader(ds, batch_size=8, num_workers=workers))
@@ -101,7 +104,7 @@ def test_resume_mid_epoch_skips_and_repeats_nothing(tmp_path: Path, workers: int
             state = json.loads(json.dumps(loader.state_dict()))  # as a checkpoint would
             break
     ds2 = StreamingDataset(
-        txstore.open(str(tmp_path / "s")).snapshot(store.version), shuffle=True, seed=0
+        txstore.open(str(tmp_path / "s")).snapshot(store.version), shuffle=shuffle, seed=0
     )
     loader2 = StreamingDataLoader(ds2, batch_size=8, num_workers=workers)
     loader2.load_state_dict(state)

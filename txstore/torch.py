@@ -18,6 +18,7 @@ Resuming: ``StreamingDataLoader`` counts the samples each worker has delivered; 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import random
 import shutil
@@ -331,6 +332,16 @@ class StreamingDataset(IterableDataset[Any]):
         chunks = [self._chunks[p.chunk] for p in flat]
         stream = fetcher.stream(chunks)
         try:
+            if not self.shuffle:  # nothing to reorder: yield as blocks decode
+                for piece in (p for window in windows for p in window):
+                    chunk, fetched = next(stream)
+                    rows = reader.samples(fetched, chunk, version, piece.start, piece.stop)
+                    for sample in itertools.islice(rows, skip, None):
+                        yield sample if transform is None else transform(sample)
+                    skip = max(0, skip - (piece.stop - piece.start))
+                    del fetched
+                    fetcher.release(chunk)
+                return
             for number, window in enumerate(windows, start=first_window):
                 samples: list[Sample] = []
                 for piece in window:

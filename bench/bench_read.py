@@ -1,0 +1,1190 @@
+"""Read speed of txstore side by side with LitData and MosaicML Streaming.
+
+Issue 3, item 7. Each workload is written once per contender (not timed); then every
+measurement runs in a fresh child process, round robin over the contenders, with the page cache
+warm (every file of the dataset read just before) and cold (caches dropped after the dataset is
+opened, just before the timed part):
+
+- sequential iteration in one process;
+- a DataLoader with 2 workers and batch 64: samples/s over the epoch, time to first batch;
+- random access ``ds[i]``: p50 and p90 latency over the same random indices for everyone;
+- peak memory of the process and its DataLoader workers.
+
+    python bench/bench_read.py [--quick] [--json out.json]
+
+See bench/README.md for the setup and the fairness rules.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import ctypes
+import gc
+import hashlib
+import json
+import os
+import pstats
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import bench_append as ba
+
+MB = 1_000_000
+PAGE = 4096
+CHUNK_BYTES = 64 * 2**20
+BATCH_SIZE = 64
+NUM_WORKERS = 2
+RANDOM_INDICES = 5_000
+QUICK_RANDOM_INDICES = 1_000
+INDEX_SEED = 1234
+RSS_INTERVAL_S = 0.02
+CHILD_TIMEOUT_S = 3600
+TXSTORE_SRC_ENV = "BENCH_READ_TXSTORE_SRC"
+STORES = ("txstore", "litdata", "mds", "memory")
+CACHES = ("warm", "cold")
+
+
+# --------------------------------------------------------------------------- what is measured
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One thing timed: a task (seq, dl, ra) on one contender's dataset, opened one way."""
+
+    key: str
+    task: str
+    store: str
+    label: str
+
+
+VARIANTS = (
+    Variant("tx-ds", "seq", "txstore", "txstore StreamingDataset"),
+    Variant("tx-snap", "seq", "txstore", "txstore Snapshot"),
+    Variant("lit", "seq", "litdata", "LitData StreamingDataset"),
+    Variant("mds", "seq", "mds", "MosaicML StreamingDataset"),
+    Variant("tx-ds", "dl", "txstore", "txstore StreamingDataLoader"),
+    Variant("lit", "dl", "litdata", "LitData StreamingDataLoader"),
+    Variant("mds", "dl", "mds", "MosaicML + torch DataLoader"),
+    Variant("mem", "dl", "memory", "in-memory samples (loader ceiling)"),
+    Variant("tx-ds", "ra", "txstore", "txstore StreamingDataset[i]"),
+    Variant("tx-snap", "ra", "txstore", "txstore Snapshot[i]"),
+    Variant("lit", "ra", "litdata", "LitData ds[i] (default batch_decode)"),
+    Variant("lit-bd0", "ra", "litdata", "LitData ds[i] batch_decode=0"),
+    Variant("mds", "ra", "mds", "MosaicML ds[i]"),
+)
+TASK_TITLES = {
+    "seq": "sequential iteration, one process",
+    "dl": f"DataLoader, {NUM_WORKERS} workers, batch {BATCH_SIZE}",
+    "ra": "random access ds[i]",
+}
+PRIMARY = {"seq": "samples_per_s", "dl": "samples_per_s", "ra": "p50_us"}
+
+
+def find_variant(task: str, key: str) -> Variant:
+    return next(v for v in VARIANTS if v.task == task and v.key == key)
+
+
+def touch(value: bytes | memoryview) -> int:
+    """Read one byte of every 4 KiB page of a payload; return its length.
+
+    The same for every contender: txstore and MosaicML hand out ``bytes`` (already copied),
+    LitData zero-copy ``memoryview``s over an mmap, whose pages are only read when touched.
+    """
+    bytes(value[::PAGE])
+    return len(value)
+
+
+class PayloadCollate:
+    """The collate_fn every loader gets: ids as a tensor, payloads as a list of ``bytes``.
+
+    ``bytes(v)`` is free for ``bytes`` (txstore, MosaicML) and copies LitData's memoryviews,
+    which cannot leave a worker otherwise. (LitData's default collate turns each memoryview
+    into a list of one tensor per byte position: under 100 samples/s.)
+    """
+
+    def __init__(self, payload_field: str) -> None:
+        self.payload_field = payload_field
+
+    def __call__(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
+        import torch
+
+        key = self.payload_field
+        return {
+            "id": torch.tensor([int(s["id"]) for s in samples]),
+            key: [bytes(s[key]) for s in samples],
+        }
+
+
+# --------------------------------------------------------------------------- page cache
+
+
+def dataset_files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file())
+
+
+def warm_files(paths: Iterable[Path]) -> None:
+    """Read every file once, so that it is in the page cache."""
+    for path in paths:
+        with open(path, "rb", buffering=0) as f:
+            while f.read(8 * 2**20):
+                pass
+
+
+def drop_page_cache(paths: Sequence[Path]) -> str:
+    """Drop the page cache: all of it if we may, else the dataset's files (fadvise)."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return "drop_caches"
+    except OSError:
+        for path in paths:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+        return "fadvise"
+
+
+def resident_fraction(paths: Sequence[Path]) -> float | None:
+    """The share of the files' pages in the page cache (mmap + mincore), None if unknown."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t] + [ctypes.c_int] * 3
+        libc.mmap.argtypes += [ctypes.c_long]
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    except (OSError, AttributeError):
+        return None
+    total = resident = 0
+    for path in paths:
+        counted = _resident_pages(libc, path)
+        if counted is None:
+            return None
+        total, resident = total + counted[0], resident + counted[1]
+    return resident / total if total else None
+
+
+def _resident_pages(libc: Any, path: Path) -> tuple[int, int] | None:
+    size = path.stat().st_size
+    if not size:
+        return 0, 0
+    pages = -(-size // PAGE)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = libc.mmap(None, size, 1, 1, fd, 0)  # PROT_READ, MAP_SHARED
+        if addr in (None, ctypes.c_void_p(-1).value):
+            return None
+        try:
+            vec = ctypes.create_string_buffer(pages)
+            if libc.mincore(addr, size, vec) != 0:
+                return None
+            return pages, sum(b & 1 for b in vec.raw)
+        finally:
+            libc.munmap(addr, size)
+    finally:
+        os.close(fd)
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def _process_tree(pid: int) -> list[int]:
+    """pid and all its descendants, from /proc/<pid>/task/<tid>/children."""
+    pids, i = [pid], 0
+    while i < len(pids):
+        task_dir = f"/proc/{pids[i]}/task"
+        i += 1
+        try:
+            tids = os.listdir(task_dir)
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"{task_dir}/{tid}/children") as f:
+                    pids += [int(p) for p in f.read().split()]
+            except OSError:
+                continue
+    return pids
+
+
+def _memory_kib(pid: int) -> dict[str, int]:
+    """VmRSS, RssAnon and VmHWM (peak RSS since exec) of one process in KiB; {} once gone."""
+    found: dict[str, int] = {}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                name = line.split(":", 1)[0]
+                if name in ("VmRSS", "RssAnon", "VmHWM"):
+                    found[name] = int(line.split()[1])
+    except OSError:
+        pass
+    return found
+
+
+class MemorySampler:
+    """Samples the memory of this process and its descendants (DataLoader workers).
+
+    ``peak_hwm_kib``: the sum over processes of each one's VmHWM, its peak RSS since exec.
+    ``peak_anon_kib``: the largest simultaneous sum of RssAnon. Forked workers count pages
+    they share with their parent (torch, ...), alike for every contender.
+    """
+
+    def __init__(self, interval_s: float = RSS_INTERVAL_S) -> None:
+        self.interval_s = interval_s
+        self.hwm_kib: dict[int, int] = {}
+        self.peak_anon_kib = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="rss-sampler")
+
+    @property
+    def peak_hwm_kib(self) -> int:
+        return sum(self.hwm_kib.values())
+
+    def sample(self) -> None:
+        anon = 0
+        for pid in _process_tree(os.getpid()):
+            found = _memory_kib(pid)
+            if found:
+                self.hwm_kib[pid] = max(self.hwm_kib.get(pid, 0), found.get("VmHWM", 0))
+                anon += found.get("RssAnon", 0)
+        self.peak_anon_kib = max(self.peak_anon_kib, anon)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.sample()
+
+    def __enter__(self) -> MemorySampler:
+        self.sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+
+
+def rss_now_mb() -> float:
+    return _memory_kib(os.getpid()).get("VmRSS", 0) * 1024 / MB
+
+
+# --------------------------------------------------------------------------- child: open
+
+
+@dataclass(frozen=True)
+class Task:
+    """One measurement, run in a child process."""
+
+    task: str
+    variant: str
+    workload: ba.Workload
+    path: str
+    cache: str
+    num_indices: int
+    profile: str | None = None
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        return json.dumps(data)
+
+    @staticmethod
+    def from_json(text: str) -> Task:
+        data = json.loads(text)
+        data["workload"] = ba.Workload(**data["workload"])
+        return Task(**data)
+
+
+def import_torch() -> None:
+    """Every child imports torch first, so that baseline memory is alike."""
+    import torch  # noqa: F401
+
+
+def open_txstore(task: Task) -> Any:
+    if task.variant == "tx-snap":
+        import txstore
+
+        return txstore.open(task.path).snapshot()
+    from txstore.torch import StreamingDataset
+
+    return StreamingDataset(task.path, shuffle=False)
+
+
+def open_litdata(task: Task) -> Any:
+    from litdata import StreamingDataset
+
+    if task.variant == "lit-bd0":
+        return StreamingDataset(task.path, batch_decode=0)
+    return StreamingDataset(task.path)
+
+
+def open_mds(task: Task) -> Any:
+    ba.import_mds_writer()  # stubs streaming.vision when torchvision is absent
+    from streaming import StreamingDataset
+    from streaming.base.util import clean_stale_shared_memory
+
+    clean_stale_shared_memory()
+    return StreamingDataset(local=task.path, batch_size=BATCH_SIZE, shuffle=False)
+
+
+def open_memory(task: Task) -> Any:
+    """The workload's samples, generated in this process (not timed), as an IterableDataset.
+
+    A reference, not a contender: what the same DataLoader delivers when reading costs
+    nothing, i.e. the ceiling that worker start, collate, pickling and the pipe leave.
+    """
+    from torch.utils.data import IterableDataset, get_worker_info
+
+    samples = ba.make_samples(task.workload)
+
+    class InMemory(IterableDataset[ba.Sample]):
+        def __iter__(self) -> Iterator[ba.Sample]:
+            info = get_worker_info()
+            worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+            share = -(-len(samples) // workers)
+            return iter(samples[worker * share : (worker + 1) * share])
+
+    return InMemory()
+
+
+OPENERS: dict[str, Callable[[Task], Any]] = {
+    "txstore": open_txstore,
+    "litdata": open_litdata,
+    "mds": open_mds,
+    "memory": open_memory,
+}
+
+
+def make_loader(store: str, dataset: Any, payload_field: str) -> Any:
+    kwargs: dict[str, Any] = {
+        "batch_size": BATCH_SIZE,
+        "num_workers": NUM_WORKERS,
+        "collate_fn": PayloadCollate(payload_field),
+    }
+    if store == "txstore":
+        from txstore.torch import StreamingDataLoader
+
+        return StreamingDataLoader(dataset, **kwargs)
+    if store == "litdata":
+        from litdata import StreamingDataLoader as LitDataLoader
+
+        return LitDataLoader(dataset, **kwargs)
+    from torch.utils.data import DataLoader
+
+    return DataLoader(dataset, **kwargs)
+
+
+# --------------------------------------------------------------------------- child: measure
+
+
+def check_complete(count: int, id_sum: int, workload: ba.Workload) -> str:
+    """Every sample exactly once: the count and the sum of ids match."""
+    n = workload.num_samples
+    if count == n and id_sum == n * (n - 1) // 2:
+        return "ok"
+    return f"MISMATCH: {count} samples, id sum {id_sum} (expected {n}, {n * (n - 1) // 2})"
+
+
+def measure_sequential(dataset: Any, workload: ba.Workload) -> dict[str, Any]:
+    key = workload.payload_field
+    count = id_sum = nbytes = 0
+    start = time.perf_counter()
+    for sample in dataset:
+        count += 1
+        id_sum += int(sample["id"])
+        nbytes += touch(sample[key])
+    elapsed = time.perf_counter() - start
+    return throughput(count, nbytes, elapsed) | {"check": check_complete(count, id_sum, workload)}
+
+
+def measure_loader(task: Task, dataset: Any, store: str) -> dict[str, Any]:
+    key = task.workload.payload_field
+    count = id_sum = nbytes = 0
+    first_batch_s = None
+    start = time.perf_counter()
+    loader = make_loader(store, dataset, key)
+    for batch in loader:
+        if first_batch_s is None:
+            first_batch_s = time.perf_counter() - start
+        count += len(batch[key])
+        id_sum += int(batch["id"].sum())
+        nbytes += sum(touch(v) for v in batch[key])
+    elapsed = time.perf_counter() - start
+    del loader
+    gc.collect()
+    result = throughput(count, nbytes, elapsed)
+    return result | {
+        "first_batch_s": first_batch_s,
+        "check": check_complete(count, id_sum, task.workload),
+    }
+
+
+def throughput(count: int, nbytes: int, elapsed: float) -> dict[str, Any]:
+    return {
+        "samples": count,
+        "seconds": elapsed,
+        "samples_per_s": count / elapsed if elapsed else None,
+        "mb_per_s": nbytes / elapsed / MB if elapsed else None,
+    }
+
+
+def random_indices(num_samples: int, count: int) -> list[int]:
+    """The same indices for every contender."""
+    return random.Random(INDEX_SEED).sample(range(num_samples), min(count, num_samples))
+
+
+def untimed_index(indices: Sequence[int]) -> int:
+    """The first index that is not timed: the warm-up access."""
+    timed = set(indices)
+    return next(i for i in range(len(timed) + 1) if i not in timed)
+
+
+def measure_random(dataset: Any, workload: ba.Workload, indices: Sequence[int]) -> dict[str, Any]:
+    key = workload.payload_field
+    latencies_us: list[float] = []
+    wrong = 0
+    clock = time.perf_counter_ns
+    for i in indices:
+        start = clock()
+        sample = dataset[i]
+        touch(sample[key])
+        latencies_us.append((clock() - start) / 1000)
+        wrong += int(sample["id"]) != i
+    deciles = statistics.quantiles(latencies_us, n=10, method="inclusive")
+    return {
+        "samples": len(indices),
+        "p50_us": statistics.median(latencies_us),
+        "p90_us": deciles[8],
+        "mean_us": statistics.fmean(latencies_us),
+        "check": "ok" if not wrong else f"MISMATCH: {wrong} samples with the wrong id",
+    }
+
+
+def run_timed(task: Task, dataset: Any, store: str, indices: Sequence[int]) -> dict[str, Any]:
+    if task.task == "seq":
+        return measure_sequential(dataset, task.workload)
+    if task.task == "dl":
+        return measure_loader(task, dataset, store)
+    return measure_random(dataset, task.workload, indices)
+
+
+def profiled(task: Task, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Run fn under cProfile when asked; the stats go to task.profile (+ a text summary)."""
+    if not task.profile:
+        return fn()
+    profiler = cProfile.Profile()
+    result = profiler.runcall(fn)
+    profiler.dump_stats(task.profile)
+    with open(task.profile + ".txt", "w") as out:
+        stats = pstats.Stats(profiler, stream=out).strip_dirs()
+        stats.sort_stats("tottime").print_stats(25)
+        stats.sort_stats("cumulative").print_stats(25)
+    return result
+
+
+def txstore_file() -> str | None:
+    module = sys.modules.get("txstore")
+    return None if module is None else str(module.__file__)
+
+
+def child_main(task: Task) -> dict[str, Any]:
+    import_torch()
+    variant = find_variant(task.task, task.variant)
+    files = dataset_files(Path(task.path))
+    indices = random_indices(task.workload.num_samples, task.num_indices)
+    dataset = OPENERS[variant.store](task)
+    if task.task == "ra":
+        dataset[untimed_index(indices)]  # opens files and indexes
+    info: dict[str, Any] = {"cache": task.cache}
+    if task.cache == "cold":
+        info["drop_method"] = drop_page_cache(files)
+        info["resident_after_drop"] = resident_fraction(files)
+    gc.collect()
+    base_mb = rss_now_mb()
+    with MemorySampler() as sampler:
+        result = profiled(task, lambda: run_timed(task, dataset, variant.store, indices))
+    return (
+        info
+        | result
+        | {
+            "txstore_file": txstore_file(),
+            "base_rss_mb": base_mb,
+            "peak_rss_mb": sampler.peak_hwm_kib * 1024 / MB,
+            "peak_anon_mb": sampler.peak_anon_kib * 1024 / MB,
+            "processes": len(sampler.hwm_kib),
+        }
+    )
+
+
+# --------------------------------------------------------------------------- parent: datasets
+
+
+def write_txstore(out: Path, samples: Sequence[ba.Sample], workload: ba.Workload) -> str:
+    note = ba._txstore_append(out, samples, chunk_bytes=CHUNK_BYTES)
+    return note + ", default compression (zstd; random payloads stored raw)"
+
+
+WRITERS: dict[str, ba.WriteFn] = {
+    "txstore": write_txstore,
+    "litdata": ba.write_litdata_binarywriter,
+    "mds": ba.write_mds,
+}
+
+
+@dataclass
+class Dataset:
+    store: str
+    path: Path
+    files: list[Path]
+    write_s: float
+    disk_bytes: int
+    note: str
+
+
+def write_datasets(
+    workload: ba.Workload, stores: Sequence[str], run_dir: Path
+) -> dict[str, Dataset]:
+    start = time.perf_counter()
+    samples = ba.make_samples(workload)
+    print(f"\n{workload.describe()}: generated in {time.perf_counter() - start:.1f} s")
+    datasets = {}
+    for store in stores:
+        out = run_dir / f"{store}-{workload.name}"
+        if store == "memory":  # generated by the child itself
+            datasets[store] = Dataset(store, out, [], 0.0, 0, "in the child's memory")
+            continue
+        start = time.perf_counter()
+        note = WRITERS[store](out, samples, workload)
+        ba.fsync_tree(out)
+        elapsed = time.perf_counter() - start
+        files = dataset_files(out)
+        size = sum(p.stat().st_size for p in files)
+        datasets[store] = Dataset(store, out, files, elapsed, size, note)
+        print(f"  wrote {store:<8} {size / MB:8.1f} MB in {elapsed:6.1f} s (not measured): {note}")
+    del samples
+    gc.collect()
+    return datasets
+
+
+# --------------------------------------------------------------------------- parent: runs
+
+
+def run_child(task: Task, timeout_s: float) -> dict[str, Any]:
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        result_path = f.name
+    command = [sys.executable, __file__, "--child", task.to_json(), "--result", result_path]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+        text = Path(result_path).read_text()
+        if done.returncode != 0 or not text:
+            return {"error": f"exit {done.returncode}\n{done.stdout[-3000:]}{done.stderr[-6000:]}"}
+        result: dict[str, Any] = json.loads(text)
+        return result
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout_s:.0f} s"}
+    finally:
+        Path(result_path).unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class RunKey:
+    workload: str
+    cache: str
+    task: str
+    variant: str
+
+
+def profile_path(args: argparse.Namespace, key: RunKey, repeat: int) -> str | None:
+    if not args.profile or not key.variant.startswith("tx"):
+        return None
+    args.profile.mkdir(parents=True, exist_ok=True)
+    name = f"{key.workload}-{key.cache}-{key.task}-{key.variant}-{repeat}.prof"
+    return str(args.profile / name)
+
+
+def run_rounds(
+    workload: ba.Workload,
+    datasets: dict[str, Dataset],
+    variants: Sequence[Variant],
+    args: argparse.Namespace,
+) -> dict[RunKey, list[dict[str, Any]]]:
+    """Round robin: each repeat runs every cache state, task and contender once."""
+    runs: dict[RunKey, list[dict[str, Any]]] = {}
+    for repeat in range(args.repeat):
+        for cache in args.caches:
+            for v in variants:
+                key = RunKey(workload.name, cache, v.task, v.key)
+                result = run_one(workload, datasets[v.store], v, key, args, repeat)
+                runs.setdefault(key, []).append(result)
+    return runs
+
+
+def run_one(
+    workload: ba.Workload,
+    dataset: Dataset,
+    variant: Variant,
+    key: RunKey,
+    args: argparse.Namespace,
+    repeat: int,
+) -> dict[str, Any]:
+    if key.cache == "warm":
+        warm_files(dataset.files)
+    task = Task(
+        key.task,
+        key.variant,
+        workload,
+        str(dataset.path),
+        key.cache,
+        args.indices,
+        profile_path(args, key, repeat),
+    )
+    result = run_child(task, args.timeout)
+    print(
+        f"  [{repeat + 1}/{args.repeat}] {workload.name} {key.cache:<4} {key.task:<3} "
+        f"{variant.label:<40} {summary_of(key.task, result)}",
+        flush=True,
+    )
+    if "error" in result:
+        print(result["error"], file=sys.stderr)
+    return result
+
+
+def summary_of(task: str, result: dict[str, Any]) -> str:
+    if "error" in result:
+        return "ERROR"
+    check = "" if result.get("check") == "ok" else f"  {result.get('check')}"
+    if task == "ra":
+        return f"p50 {result['p50_us']:8.1f} us  p90 {result['p90_us']:8.1f} us{check}"
+    line = f"{result['samples_per_s']:10,.0f} samples/s {result['mb_per_s']:8.1f} MB/s"
+    if task == "dl":
+        line += f"  first batch {ba.fmt(result['first_batch_s'], '.3f')} s"
+    return line + f"  peak {result['peak_rss_mb']:.0f} MB{check}"
+
+
+# --------------------------------------------------------------------------- aggregation
+
+
+NUMERIC_FIELDS = (
+    "samples_per_s",
+    "mb_per_s",
+    "first_batch_s",
+    "p50_us",
+    "p90_us",
+    "mean_us",
+    "base_rss_mb",
+    "peak_rss_mb",
+    "peak_anon_mb",
+    "resident_after_drop",
+)
+
+
+def median_of(runs: Sequence[dict[str, Any]], task: str) -> dict[str, Any]:
+    """Each field's median over the repeats; an error or failed check is reported instead."""
+    failed = [r for r in runs if "error" in r]
+    if failed:
+        return {"error": failed[0]["error"], "runs": len(runs)}
+    merged: dict[str, Any] = {
+        "check": next((r["check"] for r in runs if r.get("check") != "ok"), "ok"),
+        "drop_method": runs[0].get("drop_method"),
+        "spread": sorted(r[PRIMARY[task]] for r in runs),
+    }
+    for name in NUMERIC_FIELDS:
+        values = [r[name] for r in runs if r.get(name) is not None]
+        merged[name] = statistics.median(values) if values else None
+    return merged
+
+
+def aggregate(runs: dict[RunKey, list[dict[str, Any]]]) -> dict[RunKey, dict[str, Any]]:
+    return {key: median_of(results, key.task) for key, results in runs.items()}
+
+
+# --------------------------------------------------------------------------- ratios, targets
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """txstore's figure over a peer's, for one metric; ``better`` says which way is good."""
+
+    metric: str
+    field: str
+    task: str
+    ours: str
+    theirs: str
+    better: str  # "higher" or "lower"
+
+
+COMPARISONS = (
+    Comparison("seq samples/s", "samples_per_s", "seq", "tx-ds", "lit", "higher"),
+    Comparison("seq samples/s", "samples_per_s", "seq", "tx-ds", "mds", "higher"),
+    Comparison("seq samples/s (Snapshot)", "samples_per_s", "seq", "tx-snap", "lit", "higher"),
+    Comparison("seq samples/s (Snapshot)", "samples_per_s", "seq", "tx-snap", "mds", "higher"),
+    Comparison("DataLoader samples/s", "samples_per_s", "dl", "tx-ds", "lit", "higher"),
+    Comparison("DataLoader samples/s", "samples_per_s", "dl", "tx-ds", "mds", "higher"),
+    Comparison("DataLoader samples/s", "samples_per_s", "dl", "tx-ds", "mem", "higher"),
+    Comparison("DataLoader samples/s (LitData)", "samples_per_s", "dl", "lit", "mem", "higher"),
+    Comparison("time to first batch", "first_batch_s", "dl", "tx-ds", "lit", "lower"),
+    Comparison("time to first batch", "first_batch_s", "dl", "tx-ds", "mds", "lower"),
+    Comparison("DataLoader peak RSS", "peak_rss_mb", "dl", "tx-ds", "lit", "lower"),
+    Comparison("DataLoader peak RSS", "peak_rss_mb", "dl", "tx-ds", "mds", "lower"),
+    Comparison("ds[i] p50", "p50_us", "ra", "tx-ds", "lit", "lower"),
+    Comparison("ds[i] p50 (vs batch_decode=0)", "p50_us", "ra", "tx-ds", "lit-bd0", "lower"),
+    Comparison("ds[i] p50", "p50_us", "ra", "tx-ds", "mds", "lower"),
+    Comparison("ds[i] p90", "p90_us", "ra", "tx-ds", "lit", "lower"),
+    Comparison("ds[i] p90", "p90_us", "ra", "tx-ds", "mds", "lower"),
+    Comparison("Snapshot[i] p50", "p50_us", "ra", "tx-snap", "lit", "lower"),
+    Comparison("Snapshot[i] p50", "p50_us", "ra", "tx-snap", "mds", "lower"),
+)
+
+
+@dataclass(frozen=True)
+class Target:
+    """txstore / peer on one metric must be >= (higher) or <= (lower) ``bound``."""
+
+    name: str
+    workloads: tuple[str, ...]
+    field: str
+    task: str
+    theirs: str
+    bound: float
+    better: str
+
+
+TARGETS = (
+    Target("seq >= 2x LitData samples/s", ("W1",), "samples_per_s", "seq", "lit", 2.0, "higher"),
+    Target("seq >= LitData samples/s", ("W2",), "samples_per_s", "seq", "lit", 1.0, "higher"),
+    Target(
+        "DataLoader >= 2x LitData StreamingDataLoader",
+        ("W1", "W2"),
+        "samples_per_s",
+        "dl",
+        "lit",
+        2.0,
+        "higher",
+    ),
+    Target("ds[i] p50 <= MosaicML's", ("W1", "W2"), "p50_us", "ra", "mds", 1.0, "lower"),
+    Target("ds[i] p50 <= 1/10 LitData default", ("W1", "W2"), "p50_us", "ra", "lit", 0.1, "lower"),
+)
+
+
+def value_of(
+    medians: dict[RunKey, dict[str, Any]],
+    workload: str,
+    cache: str,
+    task: str,
+    variant: str,
+    f: str,
+) -> float | None:
+    found = medians.get(RunKey(workload, cache, task, variant))
+    return None if found is None else found.get(f)
+
+
+def comparison_rows(
+    medians: dict[RunKey, dict[str, Any]], workloads: Sequence[str], caches: Sequence[str]
+) -> list[dict[str, Any]]:
+    rows = []
+    for workload in workloads:
+        for cache in caches:
+            for c in COMPARISONS:
+                ours = value_of(medians, workload, cache, c.task, c.ours, c.field)
+                theirs = value_of(medians, workload, cache, c.task, c.theirs, c.field)
+                rows.append(
+                    {
+                        "workload": workload,
+                        "cache": cache,
+                        "metric": c.metric,
+                        "peer": find_variant(c.task, c.theirs).label,
+                        "ratio": ba.ratio(ours, theirs),
+                        "better": c.better,
+                    }
+                )
+    return rows
+
+
+def target_rows(
+    medians: dict[RunKey, dict[str, Any]], workloads: Sequence[str], caches: Sequence[str]
+) -> list[dict[str, Any]]:
+    rows = []
+    for t in TARGETS:
+        for workload in (w for w in workloads if w in t.workloads):
+            for cache in caches:
+                ours = value_of(medians, workload, cache, t.task, "tx-ds", t.field)
+                theirs = value_of(medians, workload, cache, t.task, t.theirs, t.field)
+                if ours is None and theirs is None:
+                    continue  # not measured in this run
+                value = ba.ratio(ours, theirs)
+                met = None
+                if value is not None:
+                    met = value >= t.bound if t.better == "higher" else value <= t.bound
+                rows.append(
+                    {
+                        "target": t.name,
+                        "workload": workload,
+                        "cache": cache,
+                        "ratio": value,
+                        "bound": t.bound,
+                        "met": met,
+                    }
+                )
+    return rows
+
+
+# --------------------------------------------------------------------------- printing
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
+
+    return [line(headers), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [
+        line(r) for r in rows
+    ]
+
+
+def spread_text(values: Sequence[float], spec: str) -> str:
+    return "/".join(format(v, spec) for v in values)
+
+
+def throughput_rows(medians: dict[RunKey, dict[str, Any]], keys: Sequence[RunKey]) -> list[Any]:
+    rows = []
+    for key in keys:
+        m = medians[key]
+        label = find_variant(key.task, key.variant).label
+        if "error" in m:
+            rows.append([key.workload, key.cache, label, "ERROR", "", "", "", "", ""])
+            continue
+        rows.append(
+            [
+                key.workload,
+                key.cache,
+                label,
+                ba.fmt(m["samples_per_s"], ",.0f"),
+                ba.fmt(m["mb_per_s"], ",.0f"),
+                ba.fmt(m["first_batch_s"], ".3f"),
+                ba.fmt(m["peak_rss_mb"], ",.0f"),
+                ba.fmt(m["peak_anon_mb"], ",.0f"),
+                spread_text(m["spread"], ".0f") + ("" if m["check"] == "ok" else " " + m["check"]),
+            ]
+        )
+    return rows
+
+
+def latency_rows(medians: dict[RunKey, dict[str, Any]], keys: Sequence[RunKey]) -> list[Any]:
+    rows = []
+    for key in keys:
+        m = medians[key]
+        label = find_variant(key.task, key.variant).label
+        if "error" in m:
+            rows.append([key.workload, key.cache, label, "ERROR", "", "", ""])
+            continue
+        rows.append(
+            [
+                key.workload,
+                key.cache,
+                label,
+                ba.fmt(m["p50_us"], ",.1f"),
+                ba.fmt(m["p90_us"], ",.1f"),
+                ba.fmt(m["mean_us"], ",.1f"),
+                spread_text(m["spread"], ".1f") + ("" if m["check"] == "ok" else " " + m["check"]),
+            ]
+        )
+    return rows
+
+
+def print_results(medians: dict[RunKey, dict[str, Any]]) -> None:
+    keys = list(medians)
+    throughput_headers = [
+        "wl",
+        "cache",
+        "contender",
+        "samples/s",
+        "MB/s",
+        "1st batch s",
+        "peak RSS MB",
+        "peak anon MB",
+        "runs (samples/s)",
+    ]
+    for task in ("seq", "dl"):
+        chosen = [k for k in keys if k.task == task]
+        if chosen:
+            print(f"\n{TASK_TITLES[task]}:\n")
+            rows = throughput_rows(medians, chosen)
+            print("\n".join(markdown_table(throughput_headers, rows)))
+    chosen = [k for k in keys if k.task == "ra"]
+    if chosen:
+        print(f"\n{TASK_TITLES['ra']}:\n")
+        headers = ["wl", "cache", "contender", "p50 us", "p90 us", "mean us", "runs (p50 us)"]
+        print("\n".join(markdown_table(headers, latency_rows(medians, chosen))))
+
+
+def print_comparisons(rows: Sequence[dict[str, Any]]) -> None:
+    print(
+        "\ntxstore / peer, same run (higher is better for samples/s, lower for the rest; "
+        "the in-memory rows compare with the loader's ceiling):\n"
+    )
+    table = [
+        [
+            r["workload"],
+            r["cache"],
+            r["metric"],
+            r["peer"],
+            ba.fmt(r["ratio"], ".2f"),
+            "txstore better" if is_better(r) else ("peer better" if r["ratio"] else "-"),
+        ]
+        for r in rows
+    ]
+    headers = ["wl", "cache", "metric", "peer", "txstore/peer", ""]
+    print("\n".join(markdown_table(headers, table)))
+
+
+def is_better(row: dict[str, Any]) -> bool:
+    value = row["ratio"]
+    if value is None:
+        return False
+    return bool(value > 1 if row["better"] == "higher" else value < 1)
+
+
+def print_targets(rows: Sequence[dict[str, Any]]) -> None:
+    print("\ntargets (txstore StreamingDataset; ratio = txstore / peer):\n")
+    table = [
+        [
+            r["target"],
+            r["workload"],
+            r["cache"],
+            ba.fmt(r["ratio"], ".3f"),
+            "?" if r["met"] is None else ("met" if r["met"] else "NOT MET"),
+        ]
+        for r in rows
+    ]
+    print("\n".join(markdown_table(["target", "wl", "cache", "ratio", "verdict"], table)))
+
+
+def print_cold_check(medians: dict[RunKey, dict[str, Any]]) -> None:
+    cold = [m for k, m in medians.items() if k.cache == "cold" and "error" not in m]
+    if not cold:
+        return
+    methods = sorted({str(m.get("drop_method")) for m in cold})
+    resident = [m["resident_after_drop"] for m in cold if m["resident_after_drop"] is not None]
+    worst = ba.fmt(max(resident) if resident else None, ".1%")
+    print(
+        f"\ncold runs: page cache dropped by {', '.join(methods)}; dataset pages still "
+        f"resident right after the drop: at most {worst} (median of repeats, mincore)"
+    )
+
+
+# --------------------------------------------------------------------------- main
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="10x smaller workloads (smoke run)")
+    parser.add_argument("--json", type=Path, help="write all results to this JSON file")
+    parser.add_argument(
+        "--workdir", type=Path, default=ba.default_workdir(), help="where datasets go (same disk)"
+    )
+    parser.add_argument(
+        "--repeat", type=int, help="runs per measurement, round robin; default 3 (--quick: 1)"
+    )
+    parser.add_argument("--workloads", default="W1,W2", help="comma-separated subset of W1,W2")
+    parser.add_argument("--cache", default="warm,cold", help="warm,cold or one of them")
+    parser.add_argument(
+        "--stores", default=",".join(STORES), help="comma-separated subset of " + ",".join(STORES)
+    )
+    parser.add_argument(
+        "--tasks",
+        default="seq,dl,ra",
+        help="comma-separated subset of seq (sequential), dl (DataLoader), ra (random access)",
+    )
+    parser.add_argument("--indices", type=int, help="random indices for ds[i]; default 5,000")
+    parser.add_argument("--timeout", type=float, default=CHILD_TIMEOUT_S, help="per child, s")
+    parser.add_argument("--profile", type=Path, help="cProfile txstore's runs into this folder")
+    parser.add_argument("--keep", action="store_true", help="keep the written datasets")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.repeat is None:
+        args.repeat = 1 if args.quick else 3
+    if args.indices is None:
+        args.indices = QUICK_RANDOM_INDICES if args.quick else RANDOM_INDICES
+    args.caches = split_choices(args.cache, CACHES)
+    return args
+
+
+def split_choices(text: str, allowed: Sequence[str]) -> list[str]:
+    chosen = [t.strip() for t in text.split(",") if t.strip()]
+    unknown = set(chosen) - set(allowed)
+    if unknown:
+        raise SystemExit(f"unknown: {', '.join(sorted(unknown))}; choose from {allowed}")
+    return chosen
+
+
+def selected_variants(args: argparse.Namespace) -> list[Variant]:
+    stores = split_choices(args.stores, STORES)
+    tasks = split_choices(args.tasks, tuple(TASK_TITLES))
+    return [v for task in tasks for v in VARIANTS if v.task == task and v.store in stores]
+
+
+def run_workload(
+    workload: ba.Workload, variants: Sequence[Variant], args: argparse.Namespace
+) -> tuple[dict[RunKey, list[dict[str, Any]]], dict[str, Any]]:
+    stores = sorted({v.store for v in variants}, key=STORES.index)
+    run_dir = Path(tempfile.mkdtemp(prefix=f"bench-read-{workload.name}-", dir=args.workdir))
+    try:
+        datasets = write_datasets(workload, stores, run_dir)
+        written = {
+            s: {"write_s": d.write_s, "disk_bytes": d.disk_bytes, "note": d.note}
+            for s, d in datasets.items()
+        }
+        return run_rounds(workload, datasets, variants, args), written
+    finally:
+        if args.keep:
+            print(f"  datasets kept in {run_dir}")
+        else:
+            shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def describe_method(args: argparse.Namespace) -> None:
+    print(
+        f"each measurement: a fresh child process (imports torch, opens the dataset), "
+        f"{args.repeat} repeat(s), round robin, medians field by field\n"
+        f"payload touched: len() + one byte of every {PAGE} B page of the bytes field "
+        f"(bytes(v[::{PAGE}])), for every contender alike\n"
+        f"warm: every file of the dataset read just before; cold: page cache dropped after "
+        f"the dataset is opened, right before the timed part\n"
+        f"DataLoader: {NUM_WORKERS} workers, batch {BATCH_SIZE}, one shared collate_fn "
+        f"(ids -> tensor, payloads -> list of bytes); samples/s over the whole epoch, "
+        f"worker start included\n"
+        f"ds[i]: {args.indices:,} random indices (seed {INDEX_SEED}), the same for everyone, "
+        f"after one untimed access\n"
+        f"peak RSS: sum of VmHWM (peak RSS since exec) of the process and its workers; "
+        f"peak anon: largest sum of RssAnon over them; /proc sampled every "
+        f"{RSS_INTERVAL_S * 1000:.0f} ms (getrusage would report the launcher's RSS, "
+        f"which ru_maxrss keeps across exec)"
+    )
+
+
+def format_load(load: Sequence[float]) -> str:
+    return " ".join(f"{x:.2f}" for x in load) + f" (1, 5, 15 min; {os.cpu_count()} CPUs)"
+
+
+def freeze_txstore(into: Path) -> str:
+    """Copy txstore/ as it is now into ``into``; return a digest of its .py files.
+
+    The checkout is shared and edited while a run lasts tens of minutes; every child imports
+    this copy, so one run measures one version of the code.
+    """
+    source = Path(__file__).resolve().parents[1] / "txstore"
+    shutil.copytree(source, into / "txstore", ignore=shutil.ignore_patterns("__pycache__"))
+    digest = hashlib.sha256()
+    for path in sorted((into / "txstore").rglob("*.py")):
+        digest.update(path.relative_to(into).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def use_frozen_txstore(src: str) -> None:
+    """Import txstore from ``src``, ahead of the editable install's finder."""
+    sys.meta_path[:] = [
+        f for f in sys.meta_path if not getattr(f, "__module__", "").startswith("__editable__")
+    ]
+    sys.path.insert(0, src)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if os.environ.get(TXSTORE_SRC_ENV):
+        use_frozen_txstore(os.environ[TXSTORE_SRC_ENV])
+    if args.child:
+        result = child_main(Task.from_json(args.child))
+        Path(args.result).write_text(json.dumps(result))
+        return 0
+    src = Path(tempfile.mkdtemp(prefix="bench-read-src-", dir=args.workdir))
+    try:
+        digest = freeze_txstore(src)
+        os.environ[TXSTORE_SRC_ENV] = str(src)
+        use_frozen_txstore(str(src))
+        run_bench(args, digest)
+    finally:
+        shutil.rmtree(src, ignore_errors=True)
+    return 0
+
+
+def run_bench(args: argparse.Namespace, txstore_digest: str) -> None:
+    info = ba.machine_info(args.workdir) | {
+        "load_at_start": os.getloadavg(),
+        "txstore_frozen_sha256": txstore_digest,
+    }
+    ba.print_machine(info)
+    print(
+        f"txstore copied at start (sha256 of its .py files {txstore_digest}): every child "
+        "imports that copy"
+    )
+    print(f"load average at start: {format_load(info['load_at_start'])}")
+    describe_method(args)
+    variants = selected_variants(args)
+    workloads = [
+        ba.scaled(w, args.quick) for w in ba.selected(args.workloads, ba.WORKLOADS, "name")
+    ]
+    runs: dict[RunKey, list[dict[str, Any]]] = {}
+    written: dict[str, Any] = {}
+    for workload in workloads:
+        workload_runs, written[workload.name] = run_workload(workload, variants, args)
+        runs.update(workload_runs)
+    info["load_at_end"] = os.getloadavg()
+    print(f"\nload average at end: {format_load(info['load_at_end'])}")
+    medians = aggregate(runs)
+    names = [w.name for w in workloads]
+    comparisons = comparison_rows(medians, names, args.caches)
+    targets = target_rows(medians, names, args.caches)
+    print_results(medians)
+    print_cold_check(medians)
+    print_comparisons(comparisons)
+    print_targets(targets)
+    if args.json:
+        report = json_report(args, info, written, runs, medians, comparisons, targets)
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"\nresults written to {args.json}")
+
+
+def json_report(
+    args: argparse.Namespace,
+    info: dict[str, Any],
+    written: dict[str, Any],
+    runs: dict[RunKey, list[dict[str, Any]]],
+    medians: dict[RunKey, dict[str, Any]],
+    comparisons: list[dict[str, Any]],
+    targets: list[dict[str, Any]],
+) -> dict[str, Any]:
+    return {
+        "machine": info,
+        "quick": args.quick,
+        "argv": sys.argv[1:],
+        "repeat": args.repeat,
+        "written": written,
+        "results": [
+            asdict(key)
+            | {"label": find_variant(key.task, key.variant).label, "median": m, "runs": runs[key]}
+            for key, m in medians.items()
+        ],
+        "comparisons": comparisons,
+        "targets": targets,
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -163,8 +163,15 @@ def resident_fraction(paths: Sequence[Path]) -> float | None:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.mmap.restype = ctypes.c_void_p
-        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t] + [ctypes.c_int] * 3
-        libc.mmap.argtypes += [ctypes.c_long]
+        # mmap(addr, length, prot, flags, fd, offset)
+        libc.mmap.argtypes = (
+            ctypes.c_void_p,
+            ctypes.c_size_t,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_long,
+        )
         libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
         libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
     except (OSError, AttributeError):

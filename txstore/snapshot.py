@@ -58,8 +58,7 @@ class Source:
 
 
 def sources(chunk: ChunkRef) -> list[Source]:
-    base = Source(chunk.path, chunk.size, chunk.crc32, chunk.footer_offset, frozenset(chunk.hidden))
-    return [base] + [
+    return [_base(chunk)] + [
         Source(f.path, f.size, f.crc32, f.footer_offset, frozenset(f.hidden))
         for f in chunk.field_files
     ]

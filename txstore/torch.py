@@ -99,7 +99,7 @@ def plan_worker(
     total = sum(sizes)
     if total == 0:
         return []
-    per_rank = total // world_size if drop_last else -(-total // world_size)
+    per_rank = samples_per_rank(total, world_size, drop_last)
     rank_first = rank * per_rank
     base, extra = divmod(per_rank, num_workers)
     worker_first = rank_first + worker * base + min(worker, extra)

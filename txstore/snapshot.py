@@ -138,7 +138,7 @@ class ChunkReader:
                 raise self._missing(src.path, version) from None
             names = layout.columns
             for frame in frames:
-                value = decode_value(buf, start, frame, n, i, self.decoder, layout.where)
+                value = decode_value(buf, start, frame, n, i, self.decoder, layout)
                 if value is not ABSENT:
                     out[names[frame.column]] = value
         return out
@@ -221,7 +221,7 @@ class ChunkReader:
             for _, layout, buf, keep in fetched.parts:
                 for frame in select_frames(layout, number, keep):
                     names.append(layout.columns[frame.column])
-                    columns.append(decode_column(buf, 0, frame, n, decoder, layout.where))
+                    columns.append(decode_column(buf, 0, frame, n, decoder, layout))
                     sparse = sparse or bool(frame.flags)
             rows = assemble(names, columns, sparse, n)
             if block_start < start or block_start + n > stop:

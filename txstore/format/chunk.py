@@ -23,12 +23,19 @@ from typing import Any
 import msgspec
 
 from ..errors import CorruptError, EncodeError, UnsupportedFormatError
-from .codec import CODEC_RAW, FrameCompressor, crc32, open_frame
+from .codec import (
+    CODEC_RAW,
+    FRAME_CHECKSUMS,
+    FrameCompressor,
+    crc32,
+    frame_checksum,
+    open_frame,
+)
 from .values import ABSENT, ABSENT_BYTES, ValueDecoder, ValueEncoder
 
 CHUNK_MAGIC = b"TXSC"
 TRAILER_MAGIC = b"TXSCEND\0"
-CHUNK_MAJOR, CHUNK_MINOR = 1, 0
+CHUNK_MAJOR, CHUNK_MINOR = 2, 0  # 2.0: XXH3-64 frame checksums (1.x: CRC-32)
 HEADER = struct.Struct("<4sHH")
 TRAILER = struct.Struct("<II8s")
 MAX_BLOCK_SAMPLES = 4096
@@ -41,7 +48,7 @@ class FrameIndex(msgspec.Struct, array_like=True, frozen=True):
     length: int
     raw_length: int
     codec: int
-    crc32: int
+    checksum: int  # of the stored bytes: XXH3-64 from format 2, CRC-32 in format 1
     flags: int
 
 
@@ -111,13 +118,6 @@ _JOIN_BELOW = 16384
 
 #: A sealed frame before its checksum: column, offset, length, raw length, codec, flags, parts.
 _PendingFrame = tuple[int, int, int, int, int, int, list[bytes]]
-
-
-def _crc_of(parts: list[bytes]) -> int:
-    checksum = 0
-    for part in parts:
-        checksum = crc32(part, checksum)
-    return checksum
 
 
 class ChunkBuilder:
@@ -239,14 +239,14 @@ class ChunkBuilder:
 
     def finish(self) -> BuiltChunk:
         """The chunk's bytes and footer. Checksums every frame: the costly part, so a writer
-        runs it on its upload thread (zlib releases the GIL) while the next chunk encodes."""
+        runs it on its upload thread while the next chunk encodes."""
         self._seal_block()
         blocks = [
             BlockIndex(
                 n,
                 [
-                    FrameIndex(column, offset, length, raw_length, codec, _crc_of(parts), flags)
-                    for column, offset, length, raw_length, codec, flags, parts in frames
+                    FrameIndex(column, offset, length, raw, codec, frame_checksum(parts), flags)
+                    for column, offset, length, raw, codec, flags, parts in frames
                 ],
             )
             for n, frames in self._blocks
@@ -267,11 +267,12 @@ class ChunkBuilder:
 class ChunkLayout:
     """A decoded footer with the lookups readers need."""
 
-    __slots__ = ("block_starts", "columns", "footer", "where")
+    __slots__ = ("block_starts", "check", "columns", "footer", "where")
 
     def __init__(self, footer: ChunkFooter, where: str) -> None:
         self.footer = footer
         self.where = where
+        self.check = FRAME_CHECKSUMS[footer.major]
         self.columns = footer.columns
         self.block_starts = list(accumulate((b.num_samples for b in footer.blocks), initial=0))
 
@@ -300,6 +301,8 @@ def parse_footer(tail: bytes | memoryview, where: str) -> ChunkLayout:
             f"{where}: chunk format {footer.major}.{footer.minor} is newer than this txstore "
             f"reads ({CHUNK_MAJOR}.x); upgrade txstore"
         )
+    if footer.major not in FRAME_CHECKSUMS:
+        raise CorruptError(f"{where}: bad chunk format version {footer.major}")
     return ChunkLayout(footer, where)
 
 
@@ -343,22 +346,30 @@ def coalesce(spans: list[tuple[int, int]], max_gap: int) -> list[tuple[int, int]
 FileBytes = bytes | memoryview | Ranges
 
 
-def _frame_raw(buf: FileBytes, base: int, frame: FrameIndex, where: str) -> memoryview:
+def _frame_raw(buf: FileBytes, base: int, frame: FrameIndex, layout: ChunkLayout) -> memoryview:
     if isinstance(buf, Ranges):
         stored = buf.view(frame.offset, frame.length)
     else:
         start = frame.offset - base
         stored = memoryview(buf)[start : start + frame.length]
     if len(stored) != frame.length:
-        raise CorruptError(f"{where}: truncated frame at offset {frame.offset}")
-    return memoryview(open_frame(stored, frame.codec, frame.raw_length, frame.crc32, where))
+        raise CorruptError(f"{layout.where}: truncated frame at offset {frame.offset}")
+    raw = open_frame(
+        stored, frame.codec, frame.raw_length, frame.checksum, layout.check, layout.where
+    )
+    return memoryview(raw)
 
 
 def decode_column(
-    buf: FileBytes, base: int, frame: FrameIndex, n: int, decoder: ValueDecoder, where: str
+    buf: FileBytes,
+    base: int,
+    frame: FrameIndex,
+    n: int,
+    decoder: ValueDecoder,
+    layout: ChunkLayout,
 ) -> list[Any]:
     """All values of one frame; ``buf`` holds the file's bytes from offset ``base``."""
-    raw = _frame_raw(buf, base, frame, where)
+    raw = _frame_raw(buf, base, frame, layout)
     values: list[Any] = decoder.decode(raw[: len(raw) - 4 * n])
     return values
 
@@ -370,10 +381,10 @@ def decode_value(
     n: int,
     i: int,
     decoder: ValueDecoder,
-    where: str,
+    layout: ChunkLayout,
 ) -> Any:
     """Value ``i`` of one frame, decoding only that value."""
-    raw = _frame_raw(buf, base, frame, where)
+    raw = _frame_raw(buf, base, frame, layout)
     table = len(raw) - 4 * n
     (start,) = struct.unpack_from("<I", raw, table + 4 * i)
     end = struct.unpack_from("<I", raw, table + 4 * i + 4)[0] if i + 1 < n else table

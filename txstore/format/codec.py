@@ -1,10 +1,12 @@
-"""Frame codecs and checksums: the one place zstandard and zlib's crc32 are used."""
+"""Frame codecs and checksums: the one place zstandard, xxhash and zlib's crc32 are used."""
 
 from __future__ import annotations
 
 import threading
 import zlib
+from collections.abc import Callable
 
+import xxhash
 import zstandard
 
 from ..errors import ChecksumError, CorruptError, UnsupportedFormatError
@@ -19,7 +21,32 @@ _MIN_SAVING_SHIFT = 5
 
 
 def crc32(data: bytes | bytearray | memoryview, start: int = 0) -> int:
+    """The checksum of small metadata: chunk tails, segments (cheap at their size)."""
     return zlib.crc32(data, start)
+
+
+def frame_checksum(parts: list[bytes] | list[bytes | memoryview]) -> int:
+    """The checksum of a frame's stored bytes (chunk format 2): XXH3-64, seed 0. At 20+ GB/s
+    it costs a read or a write almost nothing; CRC-32 (format 1) ran at 1 to 7 GB/s here and
+    was half the time of reading one sample."""
+    if len(parts) == 1:
+        return xxhash.xxh3_64_intdigest(parts[0])
+    hasher = xxhash.xxh3_64()
+    for part in parts:
+        hasher.update(part)
+    return hasher.intdigest()
+
+
+def _frame_checksum_v1(stored: bytes | memoryview) -> int:
+    return zlib.crc32(stored)
+
+
+def _frame_checksum_v2(stored: bytes | memoryview) -> int:
+    return xxhash.xxh3_64_intdigest(stored)
+
+
+#: The frame checksum of each chunk format major version.
+FRAME_CHECKSUMS = {1: _frame_checksum_v1, 2: _frame_checksum_v2}
 
 
 class FrameCompressor:
@@ -59,10 +86,15 @@ def _decompressor() -> zstandard.ZstdDecompressor:
 
 
 def open_frame(
-    stored: bytes | memoryview, codec: int, raw_length: int, checksum: int, where: str
+    stored: bytes | memoryview,
+    codec: int,
+    raw_length: int,
+    checksum: int,
+    check: Callable[[bytes | memoryview], int],
+    where: str,
 ) -> bytes | memoryview:
-    """Verify a stored frame's checksum and return its raw bytes."""
-    if zlib.crc32(stored) != checksum:
+    """Verify a stored frame's checksum with ``check`` and return its raw bytes."""
+    if check(stored) != checksum:
         raise ChecksumError(f"checksum mismatch in {where}")
     if codec == CODEC_RAW:
         return stored

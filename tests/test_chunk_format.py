@@ -1,0 +1,132 @@
+"""Chunk files byte for byte: frame checksums of format 2 (XXH3-64) and format 1 (CRC-32)."""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from typing import Any
+
+import msgspec
+import pytest
+import xxhash
+
+from txstore.errors import ChecksumError, UnsupportedFormatError
+from txstore.format.chunk import (
+    BlockIndex,
+    ChunkBuilder,
+    ChunkFooter,
+    FrameIndex,
+    assemble,
+    check_header,
+    decode_column,
+    decode_value,
+    parse_footer,
+)
+from txstore.format.codec import FrameCompressor
+from txstore.format.values import ValueDecoder
+
+SAMPLES = [
+    {"id": i, "text": f"sample {i} " * (i % 7), "blob": bytes([i % 256]) * (i * 37 % 900)}
+    for i in range(300)
+]
+
+
+def _chunk() -> bytes:
+    builder = ChunkBuilder(block_bytes=4096, compressor=FrameCompressor("zstd", 3))
+    for position, sample in enumerate(SAMPLES):
+        builder.add(sample, position)
+    return b"".join(bytes(p) for p in builder.finish().parts)
+
+
+def _footer(data: bytes) -> tuple[ChunkFooter, int]:
+    """The footer and its offset, read per docs/format.md §7 (not through parse_footer)."""
+    length, _crc, magic = struct.unpack_from("<II8s", data, len(data) - 16)
+    assert magic == b"TXSCEND\0"
+    start = len(data) - 16 - length
+    return msgspec.msgpack.decode(data[start : len(data) - 16], type=ChunkFooter), start
+
+
+def _rewrite(data: bytes, major: int, checksum: Any) -> bytes:
+    """The same chunk with another major version and frame checksums by ``checksum``."""
+    footer, start = _footer(data)
+    blocks = [
+        BlockIndex(
+            block.num_samples,
+            [
+                msgspec.structs.replace(f, checksum=checksum(data[f.offset : f.offset + f.length]))
+                for f in block.frames
+            ],
+        )
+        for block in footer.blocks
+    ]
+    new_footer = msgspec.msgpack.encode(
+        ChunkFooter(major, 0, footer.num_samples, footer.columns, blocks)
+    )
+    header = struct.pack("<4sHH", b"TXSC", major, 0)
+    trailer = struct.pack("<II8s", len(new_footer), zlib.crc32(new_footer), b"TXSCEND\0")
+    return header + data[8:start] + new_footer + trailer
+
+
+def _read_all(data: bytes) -> list[dict[str, Any]]:
+    check_header(data, "test chunk")
+    layout = parse_footer(data[layout_start(data) :], "test chunk")
+    decoder = ValueDecoder()
+    rows: list[dict[str, Any]] = []
+    for number, block in enumerate(layout.footer.blocks):
+        names = [layout.columns[f.column] for f in block.frames]
+        columns = [
+            decode_column(data, 0, f, block.num_samples, decoder, layout) for f in block.frames
+        ]
+        rows += assemble(names, columns, any(f.flags for f in block.frames), block.num_samples)
+        # One value alone, as snap[i] reads it.
+        last = block.frames[-1]
+        one = decode_value(data, 0, last, block.num_samples, block.num_samples - 1, decoder, layout)
+        assert one == rows[-1][layout.columns[last.column]], number
+    return rows
+
+
+def layout_start(data: bytes) -> int:
+    return _footer(data)[1]
+
+
+def _flip_in_first_frame(data: bytes) -> bytes:
+    footer, _ = _footer(data)
+    frame: FrameIndex = footer.blocks[0].frames[0]
+    at = frame.offset + frame.length // 2
+    return data[:at] + bytes([data[at] ^ 0x40]) + data[at + 1 :]
+
+
+def test_format_2_frames_carry_xxh3_of_their_stored_bytes() -> None:
+    data = _chunk()
+    assert struct.unpack_from("<4sHH", data) == (b"TXSC", 2, 0)
+    footer, _ = _footer(data)
+    assert footer.major == 2
+    frames = [f for block in footer.blocks for f in block.frames]
+    assert len(frames) > 30
+    for f in frames:
+        assert f.checksum == xxhash.xxh3_64_intdigest(data[f.offset : f.offset + f.length])
+    assert _read_all(data) == SAMPLES
+
+
+def test_format_1_chunks_with_crc32_frames_still_read() -> None:
+    v1 = _rewrite(_chunk(), 1, zlib.crc32)
+    assert _read_all(v1) == SAMPLES
+    # A v1 chunk checked with the v2 checksum would fail: the version picks the checksum.
+    with pytest.raises(ChecksumError):
+        _read_all(_rewrite(_chunk(), 1, xxhash.xxh3_64_intdigest))
+
+
+@pytest.mark.parametrize("major", [1, 2])
+def test_a_flipped_byte_in_a_frame_is_caught(major: int) -> None:
+    checksum = zlib.crc32 if major == 1 else xxhash.xxh3_64_intdigest
+    data = _flip_in_first_frame(_rewrite(_chunk(), major, checksum))
+    with pytest.raises(ChecksumError, match="test chunk"):
+        _read_all(data)
+
+
+def test_a_newer_chunk_major_is_refused() -> None:
+    data = _rewrite(_chunk(), 3, xxhash.xxh3_64_intdigest)
+    with pytest.raises(UnsupportedFormatError, match="upgrade txstore"):
+        parse_footer(data[layout_start(data) :], "test chunk")
+    with pytest.raises(UnsupportedFormatError):
+        check_header(data, "test chunk")

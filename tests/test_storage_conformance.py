@@ -29,9 +29,25 @@ def test_write_read_and_ranges(storage: Storage) -> None:
     assert storage.read("chunks/a.chunk") == b"new"
 
 
+def test_read_buffer_is_the_whole_object_and_outlives_a_delete(storage: Storage) -> None:
+    payload = bytes(range(256)) * 4099  # over a page, not a whole number of pages
+    storage.write("chunks/big.chunk", [payload[:1000], memoryview(payload)[1000:]])
+    storage.write("chunks/empty.chunk", b"")
+    view = storage.read_buffer("chunks/big.chunk")
+    assert bytes(view) == payload
+    assert bytes(storage.read_buffer("chunks/empty.chunk")) == b""
+    # A reader holding a chunk keeps its bytes while maintenance deletes the file.
+    storage.delete("chunks/big.chunk")
+    assert bytes(view[-300:]) == payload[-300:]
+    with pytest.raises(NotFoundError):
+        storage.read_buffer("chunks/big.chunk")
+
+
 def test_missing_keys_raise_not_found(storage: Storage) -> None:
     with pytest.raises(NotFoundError):
         storage.read("nope")
+    with pytest.raises(NotFoundError):
+        storage.read_buffer("nope")
     with pytest.raises(NotFoundError):
         storage.read_range("nope", 0, 4)
     with pytest.raises(NotFoundError):

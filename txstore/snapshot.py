@@ -143,9 +143,9 @@ class ChunkReader:
                     out[names[frame.column]] = value
         return out
 
-    def read_whole(self, src: Source, version: int) -> tuple[bytes, ChunkLayout]:
+    def read_whole(self, src: Source, version: int) -> tuple[bytes | memoryview, ChunkLayout]:
         try:
-            data = self.storage.read(src.path)
+            data = self.storage.read_buffer(src.path)
         except NotFoundError:
             raise self._missing(src.path, version) from None
         where = self._where(src.path, version)

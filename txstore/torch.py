@@ -146,7 +146,7 @@ class _ChunkFetcher:
             return self._remote.fetch(chunk, version, fields)
         for src in sources(chunk):
             if not os.path.exists(os.path.join(self._cache.root, src.path)):
-                self._cache.write(src.path, self._remote.read_whole(src, version)[0])
+                self._cache.write(src.path, [self._remote.read_whole(src, version)[0]])
         try:
             return self._reader.fetch(chunk, version, fields)
         except MissingDataError:  # another worker evicted it just now: read it remotely

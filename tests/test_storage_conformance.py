@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import random
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -151,3 +153,13 @@ def test_local_publish_leaves_no_temp_files(tmp_path: Path) -> None:
 def test_unknown_scheme_is_refused() -> None:
     with pytest.raises(ValueError, match="unsupported store URI"):
         open_storage("ftp://example/x")
+
+
+def test_writes_of_many_parts_and_large_parts_keep_every_byte(storage: Storage) -> None:
+    # Local writes go out in ~1 MiB writev calls of at most 1024 buffers: cover the splits.
+    rng = random.Random(7)
+    parts: list[bytes | memoryview] = [bytes([i % 251]) * rng.randrange(0, 40) for i in range(3000)]
+    parts += [os.urandom(3 * 2**20 + 5), b"", memoryview(os.urandom(2**20))[3:], b"end"]
+    parts += [bytes([i % 13]) * 2**19 for i in range(5)]
+    storage.write("chunks/parts.chunk", parts)
+    assert storage.read("chunks/parts.chunk") == b"".join(parts)

@@ -2,7 +2,7 @@
 
 Checks every manifest (contiguous, each naming its parent), tags, leases and the retention
 record; the segments of unexpired versions (size and CRC-32); each data file's size (from one
-listing) and the CRC-32 of its tail, the footer; and with ``deep``, every frame's CRC-32 and
+listing) and the CRC-32 of its tail, the footer; and with ``deep``, every frame's checksum and
 every sample's decoding. Reports, without deleting them, files no unexpired version needs.
 """
 

@@ -133,7 +133,7 @@ class ChunkReader:
             start = frames[0].offset
             end = frames[-1].offset + frames[-1].length
             try:
-                buf = self.storage.read_range(src.path, start, end)
+                buf = self.storage.read_range_view(src.path, start, end)
             except NotFoundError:
                 raise self._missing(src.path, version) from None
             names = layout.columns

@@ -51,6 +51,11 @@ class Storage(ABC):
     def read_range(self, key: str, start: int, end: int) -> bytes:
         """Bytes [start, end) of the object; shorter only if the object is shorter."""
 
+    def read_range_view(self, key: str, start: int, end: int) -> bytes | memoryview:
+        """As ``read_range``; where a backend can, a view of a mapped file instead of a copy.
+        Only for objects never rewritten (chunks)."""
+        return self.read_range(key, start, end)
+
     @abstractmethod
     def write(self, key: str, data: Data) -> None:
         """Store ``data`` durably; readers see the old object or the whole new one."""

@@ -17,6 +17,9 @@ from .storage import Storage
 
 #: Chunks built but not yet stored; bounds memory to a few chunks whatever the input size.
 MAX_PENDING_UPLOADS = 2
+#: Upload threads: while one waits for its chunk's fsync (or an S3 PUT), the other writes the
+#: next chunk. With one thread, each fsync stalled the pipeline (W2 optimize: 0.66 s of 2.0 s).
+UPLOAD_THREADS = 2
 
 
 def new_chunk_key() -> str:
@@ -32,7 +35,7 @@ class ChunkWriter:
         self._compressor = FrameCompressor(config.compression, config.compression_level)
         self._builder = self._new_builder()
         self._uploads: deque[Future[ChunkRef]] = deque()
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="txstore-upload")
+        self._pool = ThreadPoolExecutor(UPLOAD_THREADS, thread_name_prefix="txstore-upload")
         self._refs: list[ChunkRef] = []
         self._keys: list[str] = []
         self.num_samples = 0

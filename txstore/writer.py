@@ -16,10 +16,11 @@ from .format.manifest import ChunkRef, StoreConfig
 from .storage import Storage
 
 #: Chunks built but not yet stored; bounds memory to a few chunks whatever the input size.
-MAX_PENDING_UPLOADS = 2
-#: Upload threads: while one waits for its chunk's fsync (or an S3 PUT), the other writes the
-#: next chunk. With one thread, each fsync stalled the pipeline (W2 optimize: 0.66 s of 2.0 s).
-UPLOAD_THREADS = 2
+MAX_PENDING_UPLOADS = 4
+#: Upload threads: while some wait for their chunk's fsync (or an S3 PUT), another writes the
+#: next chunk. Measured (W2 append, 2 GB): 1 thread 1.3-1.4 s, 2 threads 1.2-1.4 s, 4 threads
+#: 0.94-1.18 s, as fast as one plain file written and fsynced once; concurrent fsyncs overlap.
+UPLOAD_THREADS = 4
 
 
 def new_chunk_key() -> str:

@@ -102,6 +102,9 @@ def test_decoded_arrays_are_writable(backend: Backend) -> None:
         ),
         ({"set": {1, 2}}, r"sample 2, key 'set'"),
         ({"ba": bytearray(b"x")}, r"sample 2, key 'ba'"),
+        ({"s": "lone \ud800 surrogate"}, r"sample 2, key 's'.*UTF-8"),
+        ({"n": ["ok", {"k": "\udfff"}]}, r"sample 2, key 'n'.*UTF-8"),
+        ({"\ud800": 1}, r"sample 2: key '\\ud800' is not valid UTF-8"),
     ],
 )
 def test_unencodable_sample_names_it_and_changes_nothing(

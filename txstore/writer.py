@@ -51,9 +51,9 @@ class ChunkWriter:
         position = self.num_samples
         try:
             for sample in samples:
-                builder.add(sample, position)
+                size = builder.add(sample, position)
                 position += 1
-                if builder.size >= limit:
+                if size >= limit:
                     self._flush()
                     builder = self._builder
         finally:

@@ -31,7 +31,7 @@ from .codec import (
     frame_checksum,
     open_frame,
 )
-from .values import ABSENT, ABSENT_BYTES, ValueDecoder, ValueEncoder
+from .values import ABSENT, ABSENT_BYTES, INT_MAX, INT_MIN, ValueDecoder, ValueEncoder
 
 CHUNK_MAGIC = b"TXSC"
 TRAILER_MAGIC = b"TXSCEND\0"
@@ -120,6 +120,13 @@ _JOIN_BELOW = 16384
 _PendingFrame = tuple[int, int, int, int, int, int, list[bytes]]
 
 
+def _check_utf8(text: str, what: str) -> None:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        raise EncodeError(f"{what} is not valid UTF-8 (a lone surrogate)") from None
+
+
 class ChunkBuilder:
     """Accumulates samples into one chunk; the caller decides when the chunk is full.
 
@@ -130,7 +137,9 @@ class ChunkBuilder:
     def __init__(self, *, block_bytes: int, compressor: FrameCompressor) -> None:
         self._block_limit = block_bytes
         self._compressor = compressor
-        self._encode = ValueEncoder().encode
+        encoder = ValueEncoder()
+        self._encode = encoder.encode
+        self._encode_plain = encoder.encode_plain
         self._parts: list[bytes | memoryview] = [HEADER.pack(CHUNK_MAGIC, CHUNK_MAJOR, CHUNK_MINOR)]
         self._size = HEADER.size
         self._columns: dict[str, int] = {}
@@ -155,13 +164,14 @@ class ChunkBuilder:
         """Bytes so far, counting the open block uncompressed."""
         return self._size + self._block_bytes
 
-    def add(self, sample: Any, position: int) -> None:
-        """Add one sample; on EncodeError the builder is unchanged."""
+    def add(self, sample: Any, position: int) -> int:
+        """Add one sample and return ``size``; on EncodeError the builder is unchanged."""
         if type(sample) is not dict:
             raise EncodeError(f"sample {position}: expected a dict, got {type(sample).__name__}")
         # One pass that appends as it encodes (this loop is most of a writer's CPU); a value
         # that cannot be encoded rolls the block back to where it was.
         cols, n = self._cols, self._block_n
+        plain = self._encode_plain
         nbytes = 0
         try:
             for key, value in sample.items():
@@ -169,6 +179,8 @@ class ChunkBuilder:
                 if col is None:
                     if type(key) is not str:
                         raise EncodeError(f"sample {position}: key {key!r} is not a str")
+                    if not key.isascii():
+                        _check_utf8(key, f"sample {position}: key {key!r}")
                     col = cols[key] = _Column(n)
                 if type(value) is bytes:  # the common large value: header + the caller's bytes
                     length = len(value)
@@ -176,7 +188,11 @@ class ChunkBuilder:
                     col.parts += (head, value)
                     size = len(head) + length
                 else:
-                    data = self._encode(value, position=position, key=key)
+                    kind = type(value)
+                    if kind is str or (kind is int and INT_MIN <= value <= INT_MAX):
+                        data = plain(value)
+                    else:
+                        data = self._encode(value, position=position, key=key)
                     col.parts.append(data)
                     size = len(data)
                 col.sizes.append(size)
@@ -184,6 +200,11 @@ class ChunkBuilder:
         except EncodeError:
             self._roll_back(sample, n)
             raise
+        except UnicodeEncodeError as e:  # a str (maybe nested) that is not valid UTF-8
+            self._roll_back(sample, n)
+            raise EncodeError(
+                f"sample {position}, key {key!r}: a str is not valid UTF-8 ({e.reason})"
+            ) from None
         if len(cols) != len(sample) or (n and len(cols) != self._width):
             self._fill_absent(n)
         self._width = len(cols)
@@ -191,6 +212,7 @@ class ChunkBuilder:
         self._block_bytes += nbytes
         if self._block_bytes >= self._block_limit or self._block_n >= MAX_BLOCK_SAMPLES:
             self._seal_block()
+        return self._size + self._block_bytes
 
     def _fill_absent(self, n: int) -> None:
         """Mark columns missing from sample ``n`` (and columns new at ``n``) as sparse."""

@@ -21,7 +21,8 @@ EXT_TENSOR = 2  # torch.Tensor
 EXT_NPSCALAR = 3  # numpy scalar (np.float32(1.0) and friends)
 
 MAX_DEPTH = 32
-_INT_MIN, _INT_MAX = -(2**63), 2**64 - 1
+INT_MIN, INT_MAX = -(2**63), 2**64 - 1
+_INT_MIN, _INT_MAX = INT_MIN, INT_MAX
 _PLAIN = frozenset({type(None), bool, float, str, bytes})
 _HEADER = struct.Struct("<I")
 
@@ -157,6 +158,9 @@ class ValueEncoder:
 
     def __init__(self) -> None:
         self._encoder = msgspec.msgpack.Encoder(enc_hook=_enc_hook)
+        #: Encodes a ``str`` or an ``int`` in [INT_MIN, INT_MAX] with no checks: a writer's
+        #: fast path for the commonest small values.
+        self.encode_plain = self._encoder.encode
 
     def encode(self, value: Any, *, position: int, key: str) -> bytes:
         kind = type(value)

@@ -134,8 +134,9 @@ def test_resume_refuses_another_version(tmp_path: Path) -> None:
 def test_persistent_workers_are_refused(tmp_path: Path) -> None:
     store = _store(str(tmp_path / "s"))
     with pytest.raises(ValueError, match="persistent_workers"):
-        StreamingDataLoader(StreamingDataset(store.snapshot()), num_workers=2,
-                            persistent_workers=True)
+        StreamingDataLoader(
+            StreamingDataset(store.snapshot()), num_workers=2, persistent_workers=True
+        )
 
 
 def test_map_style_and_transform(tmp_path: Path) -> None:
@@ -283,3 +284,56 @@ def test_missing_chunk_raises_not_hangs(tmp_path: Path) -> None:
     ds = StreamingDataset(store.snapshot())
     with pytest.raises(txstore.MissingDataError, match=rf"{victim.path}.*version 4"):
         _ids(StreamingDataLoader(ds, batch_size=8, num_workers=2, timeout=120))
+
+
+def _tensors(batch: list[dict[str, Any]]) -> dict[str, Any]:
+    """A collate that makes tensors of every kind the transport must carry back unchanged."""
+    ids = torch.tensor([s["id"] for s in batch])
+    return {
+        "id": ids,  # small: goes inline
+        "half": ids.to(torch.bfloat16) / 3,  # no numpy dtype
+        "scalar": ids.sum(),  # 0-d
+        "empty": torch.zeros((len(batch), 0), dtype=torch.int16),
+        "strided": ids.repeat(3, 1).t(),  # not contiguous
+        "big": ids.double().repeat(5000, 1),  # above the inline limit: shared memory
+        "nested": [ids.float(), (ids > 500, {"pad": [s["pad"] for s in batch]})],
+    }
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor):
+        return (
+            isinstance(b, torch.Tensor)
+            and a.dtype == b.dtype
+            and a.shape == b.shape
+            and bool(torch.equal(a, b))
+        )
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple):
+        return type(a) is type(b) and len(a) == len(b) and all(map(_same, a, b))
+    return bool(a == b)
+
+
+@pytest.mark.parametrize("pin", [False, True])
+def test_batches_from_workers_equal_those_made_in_process(tmp_path: Path, pin: bool) -> None:
+    from txstore.torch_transport import INLINE_TENSOR_BYTES, InlineTensor, pack
+
+    store = _store(str(tmp_path / "s"), n=300)
+    snap = store.snapshot()
+    ds = StreamingDataset(snap)
+    # Without an accelerator torch ignores pin_memory=True (with a warning), and so must we.
+    loader = StreamingDataLoader(
+        ds, batch_size=32, collate_fn=_tensors, num_workers=2, pin_memory=pin
+    )
+    shipped = list(loader)
+    assert sorted(int(i) for b in shipped for i in b["id"]) == list(range(300))
+    for batch in shipped:
+        # What the same collate makes in this process from the same samples.
+        assert _same(batch, _tensors([snap[int(i)] for i in batch["id"]]))
+    # The small tensors really travel inline, the big one does not.
+    packed = pack(_tensors([{"id": i, "pad": b""} for i in range(32)]))
+    assert type(packed["id"]) is InlineTensor and type(packed["half"]) is InlineTensor
+    assert type(packed["nested"][1][0]) is InlineTensor
+    assert type(packed["big"]) is torch.Tensor
+    assert packed["big"].numel() * 8 > INLINE_TENSOR_BYTES

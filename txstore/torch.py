@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any
 
+import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate, default_convert
@@ -40,6 +41,7 @@ from .format.manifest import ChunkRef
 from .snapshot import ChunkReader, Fetched, Sample, Snapshot, sources
 from .storage import LocalStorage, MemoryStorage
 from .store import open as open_store
+from .torch_transport import pack, unpack
 
 STATE_FORMAT = 1
 
@@ -374,9 +376,18 @@ class _CountingCollate:
 
     def __call__(self, batch: Any) -> tuple[int, int, Any]:
         info = get_worker_info()
-        worker = 0 if info is None else info.id
         count = len(batch) if isinstance(batch, list) else 1
-        return worker, count, self.collate(batch)
+        if info is None:  # no worker: nothing to ship
+            return 0, count, self.collate(batch)
+        return info.id, count, pack(self.collate(batch))
+
+
+def _can_pin() -> bool:
+    """Whether a DataLoader with pin_memory=True pins (it does not without an accelerator)."""
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is not None:
+        return bool(accelerator.is_available())
+    return bool(torch.cuda.is_available())
 
 
 class StreamingDataLoader(DataLoader[Any]):
@@ -414,9 +425,10 @@ class StreamingDataLoader(DataLoader[Any]):
         dataset.skip = dict(self._delivered)
         self._pending = None
         try:
+            shipped, pin = self.num_workers > 0, self.pin_memory and _can_pin()
             for worker, count, batch in super().__iter__():
                 self._delivered[worker] = self._delivered.get(worker, 0) + count
-                yield batch
+                yield unpack(batch, pin) if shipped else batch
         finally:
             dataset.skip = {}
         self._delivered = {}  # a finished epoch resumes at the start of the next

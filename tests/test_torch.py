@@ -337,3 +337,28 @@ def test_batches_from_workers_equal_those_made_in_process(tmp_path: Path, pin: b
     assert type(packed["nested"][1][0]) is InlineTensor
     assert type(packed["big"]) is torch.Tensor
     assert packed["big"].numel() * 8 > INLINE_TENSOR_BYTES
+
+
+def test_large_bytes_lists_travel_through_shared_memory_and_come_back_whole(
+    tmp_path: Path,
+) -> None:
+    from txstore.torch_transport import SHARED_BYTES_MIN, SharedBytes, pack
+
+    store = txstore.create(str(tmp_path / "s"), chunk_bytes="1MiB")
+    blobs = [os.urandom(50_000 + 7 * i) for i in range(120)]
+    store.append({"id": i, "jpeg": b} for i, b in enumerate(blobs))
+    ds = StreamingDataset(store.snapshot())
+
+    def collate(batch: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"id": [s["id"] for s in batch], "jpeg": [s["jpeg"] for s in batch]}
+
+    seen: dict[int, bytes] = {}
+    for batch in StreamingDataLoader(ds, batch_size=32, num_workers=2, collate_fn=collate):
+        assert all(type(b) is bytes for b in batch["jpeg"])
+        seen.update(zip(batch["id"], batch["jpeg"], strict=True))
+    assert seen == dict(enumerate(blobs))
+    # 32 x 50 KB goes through shared memory; a short list or a mixed one does not.
+    assert type(pack(blobs[:32])) is SharedBytes
+    assert sum(map(len, blobs[:32])) >= SHARED_BYTES_MIN
+    assert type(pack(blobs[:2])) is list
+    assert type(pack([*blobs[:31], "not bytes"])) is list

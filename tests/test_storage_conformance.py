@@ -163,3 +163,35 @@ def test_writes_of_many_parts_and_large_parts_keep_every_byte(storage: Storage) 
     parts += [bytes([i % 13]) * 2**19 for i in range(5)]
     storage.write("chunks/parts.chunk", parts)
     assert storage.read("chunks/parts.chunk") == b"".join(parts)
+
+
+def test_range_reads_of_many_files_from_many_threads_return_their_own_bytes(
+    storage: Storage,
+) -> None:
+    # More files than a backend keeps open, read at random by threads while others delete and
+    # rewrite unrelated keys: every range must come from its own file.
+    files = {f"chunks/{i:03d}.chunk": bytes([i]) * (3000 + i) for i in range(150)}
+    for key, data in files.items():
+        storage.write(key, data)
+    keys = sorted(files)
+
+    def reader(seed: int) -> list[str]:
+        rng = random.Random(seed)
+        wrong = []
+        for _ in range(400):
+            key = rng.choice(keys)
+            start = rng.randrange(0, 2000)
+            got = storage.read_range(key, start, start + 500)
+            if got != files[key][start : start + 500]:
+                wrong.append(key)
+        return wrong
+
+    def churn() -> None:
+        for i in range(200):
+            storage.write(f"other/{i % 7}", b"x" * i)
+            storage.delete(f"other/{(i + 3) % 7}")
+
+    with ThreadPoolExecutor(6) as pool:
+        results = [pool.submit(reader, seed) for seed in range(5)]
+        pool.submit(churn).result()
+        assert [k for r in results for k in r.result()] == []

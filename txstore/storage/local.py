@@ -25,7 +25,7 @@ from .base import Data, FileInfo, Storage
 
 TEMP_PREFIX = ".tmp."
 _LOCK_NAME = ".txstore.lock"
-_MAX_OPEN_FILES = 64
+_MAX_KEPT_MAPS = 64
 _IOV_MAX = 1024
 # Bytes per writev call. On ext4 (Linux 6.18, this project's bench machine) writev calls of a
 # whole 64 MiB chunk ran 1 to 7 times slower than the same bytes in calls of 1 MiB, varying
@@ -76,8 +76,6 @@ class LocalStorage(Storage):
         self.root = os.path.abspath(os.fspath(root))
         self.uri = self.root
         self.storage_options: dict[str, Any] = {}
-        self._fds: OrderedDict[str, int] = OrderedDict()
-        self._fds_lock = threading.Lock()
         self._maps: OrderedDict[str, bytes | memoryview] = OrderedDict()
         self._maps_lock = threading.Lock()
         self._made_dirs: set[str] = set()
@@ -129,7 +127,7 @@ class LocalStorage(Storage):
             view = b"" if mapped is None else memoryview(mapped)
             with self._maps_lock:
                 self._maps[key] = view
-                while len(self._maps) > _MAX_OPEN_FILES:
+                while len(self._maps) > _MAX_KEPT_MAPS:
                     self._maps.popitem(last=False)
         return view[start:end]
 
@@ -160,28 +158,10 @@ class LocalStorage(Storage):
             raise StorageError(f"cannot read {self.root}/{key}: {e}") from e
         return mapped
 
-    def _fd(self, key: str) -> int:
-        with self._fds_lock:
-            fd = self._fds.get(key)
-            if fd is not None:
-                self._fds.move_to_end(key)
-                return fd
-        try:
-            fd = os.open(self._path(key), os.O_RDONLY)
-        except FileNotFoundError:
-            raise NotFoundError(f"{self.root}/{key} does not exist") from None
-        with self._fds_lock:
-            self._fds[key] = fd
-            while len(self._fds) > _MAX_OPEN_FILES:
-                os.close(self._fds.popitem(last=False)[1])
-        return fd
-
     def read_range(self, key: str, start: int, end: int) -> bytes:
-        # Only immutable objects are range-read, so cached descriptors never go stale.
-        try:
-            return os.pread(self._fd(key), max(0, end - start), start)
-        except OSError as e:
-            raise StorageError(f"cannot read {self.root}/{key}: {e}") from e
+        # A copy out of the kept map. (A cache of open descriptors, closed on eviction, let
+        # one thread pread a number that another had closed and a third had reused.)
+        return bytes(self.read_range_view(key, start, end))
 
     def write(self, key: str, data: Data) -> None:
         path = self._path(key)
@@ -254,10 +234,8 @@ class LocalStorage(Storage):
                 yield FileInfo(key, st.st_size, st.st_mtime)
 
     def delete(self, key: str) -> None:
-        with self._fds_lock:
-            fd = self._fds.pop(key, None)
-        if fd is not None:
-            os.close(fd)
+        with self._maps_lock:
+            self._maps.pop(key, None)  # later reads here fail; views handed out stay valid
         try:
             os.unlink(self._path(key))
         except FileNotFoundError:
@@ -282,11 +260,6 @@ class LocalStorage(Storage):
             lock.release()
 
     def close(self) -> None:
-        with self._fds_lock:
-            for fd in self._fds.values():
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-            self._fds.clear()
         with self._maps_lock:
             self._maps.clear()
 

@@ -153,7 +153,6 @@ class ChunkBuilder:
         self._sparse: set[str] = set()
         self._block_n = 0
         self._block_bytes = 0
-        self._width = 0  # columns in the block after the last sample
 
     @property
     def num_samples(self) -> int:
@@ -182,6 +181,8 @@ class ChunkBuilder:
                     if not key.isascii():
                         _check_utf8(key, f"sample {position}: key {key!r}")
                     col = cols[key] = _Column(n)
+                    if n:  # the block's earlier samples lack it
+                        self._sparse.add(key)
                 if type(value) is bytes:  # the common large value: header + the caller's bytes
                     length = len(value)
                     head = _BIN_HEADERS[length] if length < 65536 else _bin_header(length)
@@ -205,9 +206,8 @@ class ChunkBuilder:
             raise EncodeError(
                 f"sample {position}, key {key!r}: a str is not valid UTF-8 ({e.reason})"
             ) from None
-        if len(cols) != len(sample) or (n and len(cols) != self._width):
+        if len(cols) != len(sample):
             self._fill_absent(n)
-        self._width = len(cols)
         self._block_n = n + 1
         self._block_bytes += nbytes
         if self._block_bytes >= self._block_limit or self._block_n >= MAX_BLOCK_SAMPLES:
@@ -215,13 +215,11 @@ class ChunkBuilder:
         return self._size + self._block_bytes
 
     def _fill_absent(self, n: int) -> None:
-        """Mark columns missing from sample ``n`` (and columns new at ``n``) as sparse."""
+        """Give the columns sample ``n`` lacks an ABSENT value; they become sparse."""
         for key, col in self._cols.items():
             if len(col.sizes) == n:
                 col.parts.append(ABSENT_BYTES)
                 col.sizes.append(len(ABSENT_BYTES))
-                self._sparse.add(key)
-            elif n and col.sizes[0] == len(ABSENT_BYTES) and col.parts[0] is ABSENT_BYTES:
                 self._sparse.add(key)
 
     def _roll_back(self, sample: dict[Any, Any], n: int) -> None:
@@ -231,8 +229,9 @@ class ChunkBuilder:
             col.sizes.pop()
             value = sample.get(key)
             del col.parts[-2 if type(value) is bytes and col.parts[-1] is value else -1 :]
-            if not col.sizes:
+            if all(part is ABSENT_BYTES for part in col.parts):  # made for this sample
                 del self._cols[key]
+                self._sparse.discard(key)
 
     def end_block(self) -> None:
         """Close the open block now (field files copy their chunk's block boundaries)."""

@@ -317,7 +317,7 @@ def _same(a: Any, b: Any) -> bool:
 
 @pytest.mark.parametrize("pin", [False, True])
 def test_batches_from_workers_equal_those_made_in_process(tmp_path: Path, pin: bool) -> None:
-    from txstore.torch_transport import INLINE_TENSOR_BYTES, InlineTensor, pack
+    from txstore.torch_transport import INLINE_TENSOR_BYTES, BytesPool, InlineTensor, pack
 
     store = _store(str(tmp_path / "s"), n=300)
     snap = store.snapshot()
@@ -332,7 +332,7 @@ def test_batches_from_workers_equal_those_made_in_process(tmp_path: Path, pin: b
         # What the same collate makes in this process from the same samples.
         assert _same(batch, _tensors([snap[int(i)] for i in batch["id"]]))
     # The small tensors really travel inline, the big one does not.
-    packed = pack(_tensors([{"id": i, "pad": b""} for i in range(32)]))
+    packed = pack(_tensors([{"id": i, "pad": b""} for i in range(32)]), BytesPool())
     assert type(packed["id"]) is InlineTensor and type(packed["half"]) is InlineTensor
     assert type(packed["nested"][1][0]) is InlineTensor
     assert type(packed["big"]) is torch.Tensor
@@ -342,23 +342,52 @@ def test_batches_from_workers_equal_those_made_in_process(tmp_path: Path, pin: b
 def test_large_bytes_lists_travel_through_shared_memory_and_come_back_whole(
     tmp_path: Path,
 ) -> None:
-    from txstore.torch_transport import SHARED_BYTES_MIN, SharedBytes, pack
+    from txstore.torch_transport import SHARED_BYTES_MIN, BytesPool, SharedBytes, pack
 
     store = txstore.create(str(tmp_path / "s"), chunk_bytes="1MiB")
-    blobs = [os.urandom(50_000 + 7 * i) for i in range(120)]
+    # Sizes that grow along the store, so that later batches outgrow the workers' buffers.
+    blobs = [os.urandom(20_000 + 150 * i) for i in range(600)]
     store.append({"id": i, "jpeg": b} for i, b in enumerate(blobs))
     ds = StreamingDataset(store.snapshot())
 
     def collate(batch: list[dict[str, Any]]) -> dict[str, Any]:
         return {"id": [s["id"] for s in batch], "jpeg": [s["jpeg"] for s in batch]}
 
-    seen: dict[int, bytes] = {}
-    for batch in StreamingDataLoader(ds, batch_size=32, num_workers=2, collate_fn=collate):
-        assert all(type(b) is bytes for b in batch["jpeg"])
-        seen.update(zip(batch["id"], batch["jpeg"], strict=True))
-    assert seen == dict(enumerate(blobs))
-    # 32 x 50 KB goes through shared memory; a short list or a mixed one does not.
-    assert type(pack(blobs[:32])) is SharedBytes
-    assert sum(map(len, blobs[:32])) >= SHARED_BYTES_MIN
-    assert type(pack(blobs[:2])) is list
-    assert type(pack([*blobs[:31], "not bytes"])) is list
+    for epoch in range(2):
+        ds.set_epoch(epoch)
+        seen: dict[int, bytes] = {}
+        loader = StreamingDataLoader(ds, batch_size=64, num_workers=2, collate_fn=collate)
+        for batch in loader:
+            assert all(type(b) is bytes for b in batch["jpeg"])
+            seen.update(zip(batch["id"], batch["jpeg"], strict=True))
+        assert seen == dict(enumerate(blobs))
+    # 32 x 100 KB goes through shared memory; a short list or a mixed one does not.
+    pool = BytesPool()
+    assert type(pack(blobs[-32:], pool)) is SharedBytes
+    assert sum(map(len, blobs[-32:])) >= SHARED_BYTES_MIN
+    assert type(pack(blobs[:2], pool)) is list
+    assert type(pack([*blobs[:31], "not bytes"], pool)) is list
+
+
+def test_a_workers_shared_buffers_are_reused_only_once_read() -> None:
+    from txstore.torch_transport import MAX_POOL_SLOTS, BytesPool, Receiver
+
+    pool, receiver = BytesPool(), Receiver()
+    batches = [[os.urandom(40_000) for _ in range(30)] for _ in range(MAX_POOL_SLOTS + 3)]
+    first = pool.place(batches[0], sum(map(len, batches[0])))
+    assert first.buffer is not None  # a new buffer travels with its batch
+    assert receiver.items(first) == batches[0]
+    again = pool.place(batches[1], sum(map(len, batches[1])))
+    # Read, so refilled: only its name travels, and the receiver finds the new content in it.
+    assert again.buffer is None and again.key == first.key
+    assert receiver.items(again) == batches[1]
+    # Unread batches hold their buffers: the pool adds slots, then uses one-off buffers.
+    unread = [pool.place(b, sum(map(len, b))) for b in batches[2:]]
+    assert len({s.key for s in unread[:MAX_POOL_SLOTS]}) == MAX_POOL_SLOTS
+    assert all(s.buffer is not None and s.key[1] == -1 for s in unread[MAX_POOL_SLOTS:])
+    assert [receiver.items(s) for s in unread] == batches[2:]
+    # A batch larger than a free buffer gets a new one in that slot, a generation later.
+    big = [os.urandom(100_000) for _ in range(30)]
+    grown = pool.place(big, sum(map(len, big)))
+    assert grown.buffer is not None and grown.generation == 1
+    assert receiver.items(grown) == big

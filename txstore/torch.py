@@ -41,7 +41,7 @@ from .format.manifest import ChunkRef
 from .snapshot import ChunkReader, Fetched, Sample, Snapshot, sources
 from .storage import LocalStorage, MemoryStorage
 from .store import open as open_store
-from .torch_transport import pack, unpack
+from .torch_transport import BytesPool, Receiver, pack, unpack
 
 STATE_FORMAT = 1
 
@@ -373,13 +373,19 @@ class _CountingCollate:
 
     def __init__(self, collate: Callable[[Any], Any]) -> None:
         self.collate = collate
+        self.pool: BytesPool | None = None  # made in the worker: each has its own
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"collate": self.collate, "pool": None}
 
     def __call__(self, batch: Any) -> tuple[int, int, Any]:
         info = get_worker_info()
         count = len(batch) if isinstance(batch, list) else 1
         if info is None:  # no worker: nothing to ship
             return 0, count, self.collate(batch)
-        return info.id, count, pack(self.collate(batch))
+        if self.pool is None:
+            self.pool = BytesPool()
+        return info.id, count, pack(self.collate(batch), self.pool)
 
 
 def _can_pin() -> bool:
@@ -426,9 +432,10 @@ class StreamingDataLoader(DataLoader[Any]):
         self._pending = None
         try:
             shipped, pin = self.num_workers > 0, self.pin_memory and _can_pin()
+            receiver = Receiver()  # this epoch's workers' buffers
             for worker, count, batch in super().__iter__():
                 self._delivered[worker] = self._delivered.get(worker, 0) + count
-                yield unpack(batch, pin) if shipped else batch
+                yield unpack(batch, pin, receiver) if shipped else batch
         finally:
             dataset.skip = {}
         self._delivered = {}  # a finished epoch resumes at the start of the next

@@ -77,6 +77,36 @@ def test_every_value_kind_round_trips(backend: Backend) -> None:
         assert _equal(got, expected), (got, expected)
 
 
+def test_zero_copy_gives_top_level_bytes_as_views_and_the_rest_as_ever(
+    backend: Backend,
+) -> None:
+    store = _create(backend, block_bytes=4096)
+    samples = every_value_kind()
+    blobs = [{"i": i, "blob": bytes([i]) * (3000 + i), "tag": b"t%d" % i} for i in range(40)]
+    # A column of bytes with a hole, and one whose values are bytes in one block, str in another.
+    mixed = [{"blob": b"x" * 5000}, {"i": 99}, {"blob": "text"}, {"blob": b""}]
+    store.append([*samples, *blobs, *mixed])
+    snap = txstore.open(backend.uri, **backend.kwargs()).snapshot().zero_copy()
+    assert snap.is_zero_copy and snap.select(["blob"]).is_zero_copy
+    expected = [*samples, *blobs, *mixed]
+
+    def as_copies(sample: dict[str, Any]) -> dict[str, Any]:
+        for key, value in sample.items():
+            if type(value) is memoryview:
+                assert value.readonly
+                sample[key] = bytes(value)
+        return sample
+
+    streamed, indexed = list(snap), [snap[i] for i in range(len(snap))]
+    for got in (streamed, indexed):
+        assert all(_equal(as_copies(a), b) for a, b in zip(got, expected, strict=True))
+    views = [type(s["blob"]) for s in snap[len(samples) :] if "blob" in s]
+    assert views.count(memoryview) == 42 and views.count(str) == 1
+    assert type(snap[2]["list"][3][1]) is bytes  # nested bytes are copies
+    assert type(snap.select(["tag"])[len(samples)]["tag"]) is memoryview
+    assert type(store.snapshot()[len(samples)]["blob"]) is bytes  # not asked for
+
+
 def test_decoded_arrays_are_writable(backend: Backend) -> None:
     store = _create(backend)
     store.append([{"a": np.zeros(3)}])

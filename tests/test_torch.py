@@ -391,3 +391,21 @@ def test_a_workers_shared_buffers_are_reused_only_once_read() -> None:
     grown = pool.place(big, sum(map(len, big)))
     assert grown.buffer is not None and grown.generation == 1
     assert receiver.items(grown) == big
+
+
+def test_zero_copy_dataset_through_workers(tmp_path: Path) -> None:
+    store = txstore.create(str(tmp_path / "s"), chunk_bytes="1MiB")
+    blobs = [os.urandom(40_000 + i) for i in range(200)]
+    store.append({"id": i, "jpeg": b} for i, b in enumerate(blobs))
+    ds = StreamingDataset(str(tmp_path / "s"), zero_copy=True)
+    assert type(ds[3]["jpeg"]) is memoryview and bytes(ds[3]["jpeg"]) == blobs[3]
+
+    def collate(batch: list[dict[str, Any]]) -> dict[str, Any]:
+        assert all(type(s["jpeg"]) is memoryview for s in batch)  # in the worker
+        return {"id": [s["id"] for s in batch], "jpeg": [s["jpeg"] for s in batch]}
+
+    seen: dict[int, bytes] = {}
+    for batch in StreamingDataLoader(ds, batch_size=32, num_workers=2, collate_fn=collate):
+        assert all(type(b) is bytes for b in batch["jpeg"])  # views cannot leave a worker
+        seen.update(zip(batch["id"], batch["jpeg"], strict=True))
+    assert seen == dict(enumerate(blobs))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -17,10 +17,9 @@ from .format.chunk import (
     ChunkLayout,
     FileBytes,
     Ranges,
-    assemble,
     check_header,
     coalesce,
-    decode_column,
+    decode_blocks,
     decode_value,
     parse_footer,
     select_frames,
@@ -120,7 +119,12 @@ class ChunkReader:
         return names if fields is None else names & fields
 
     def sample(
-        self, chunk: ChunkRef, index: int, version: int, fields: frozenset[str] | None
+        self,
+        chunk: ChunkRef,
+        index: int,
+        version: int,
+        fields: frozenset[str] | None,
+        views: bool = False,
     ) -> Sample:
         out: Sample = {}
         for src in sources(chunk) if chunk.field_files else [_base(chunk)]:
@@ -138,7 +142,7 @@ class ChunkReader:
                 raise self._missing(src.path, version) from None
             names = layout.columns
             for frame in frames:
-                value = decode_value(buf, start, frame, n, i, self.decoder, layout)
+                value = decode_value(buf, start, frame, n, i, self.decoder, layout, views)
                 if value is not ABSENT:
                     out[names[frame.column]] = value
         return out
@@ -197,8 +201,10 @@ class ChunkReader:
         version: int,
         start: int = 0,
         stop: int | None = None,
+        views: bool = False,
     ) -> Iterator[Sample]:
-        """Samples [start, stop) of a fetched chunk, decoding only the blocks they are in."""
+        """Samples [start, stop) of a fetched chunk, decoding only the blocks they are in;
+        with ``views``, top-level ``bytes`` values are read-only views (zero-copy)."""
         stop = chunk.num_samples if stop is None else stop
         if not fetched.parts:  # no field asked for is in this chunk
             yield from ({} for _ in range(start, stop))
@@ -208,23 +214,13 @@ class ChunkReader:
         for layout in layouts[1:]:
             if layout.block_starts != block_starts:
                 raise CorruptError(f"{layout.where} is not aligned with its chunk's blocks")
-        decoder = self.decoder
         first = bisect_right(block_starts, start) - 1 if start else 0
-        for number in range(first, len(block_starts) - 1):
-            block_start = block_starts[number]
-            if block_start >= stop:
-                return
-            n = block_starts[number + 1] - block_start
-            names: list[str] = []
-            columns: list[list[Any]] = []
-            sparse = False
-            for _, layout, buf, keep in fetched.parts:
-                for frame in select_frames(layout, number, keep):
-                    names.append(layout.columns[frame.column])
-                    columns.append(decode_column(buf, 0, frame, n, decoder, layout))
-                    sparse = sparse or bool(frame.flags)
-            rows = assemble(names, columns, sparse, n)
-            if block_start < start or block_start + n > stop:
+        last = max(first, bisect_left(block_starts, stop))  # blocks [first, last) hold them
+        parts = [(layout, buf, keep) for _, layout, buf, keep in fetched.parts]
+        blocks = decode_blocks(parts, first, last, self.decoder, views)
+        for number, rows in enumerate(blocks, start=first):
+            block_start, block_stop = block_starts[number], block_starts[number + 1]
+            if block_start < start or block_stop > stop:
                 rows = rows[max(0, start - block_start) : stop - block_start]
             yield from rows
 
@@ -237,7 +233,8 @@ class Snapshot(Sequence[Sample]):
     """The samples of one committed version, in commit order.
 
     ``len``, indexing (negative too; ``IndexError`` past the end), slicing and iteration.
-    Nothing appended later changes it.
+    Nothing appended later changes it. ``select(fields)`` and ``zero_copy()`` give other views
+    of the same version.
     """
 
     def __init__(
@@ -248,8 +245,10 @@ class Snapshot(Sequence[Sample]):
         reader: ChunkReader,
         *,
         fields: Iterable[str] | None = None,
+        zero_copy: bool = False,
     ) -> None:
         self.manifest = manifest
+        self.is_zero_copy = zero_copy
         self._storage = storage
         self._segments = segments
         self._reader = reader
@@ -262,7 +261,10 @@ class Snapshot(Sequence[Sample]):
     def __reduce__(self) -> tuple[Any, ...]:
         # Crosses into DataLoader workers as storage (URI + options) and manifest bytes; the
         # worker builds fresh caches and file handles of its own.
-        return (_rebuild, (self._storage, fmt.encode(self.manifest), self._fields))
+        return (
+            _rebuild,
+            (self._storage, fmt.encode(self.manifest), self._fields, self.is_zero_copy),
+        )
 
     def lease(self, ttl: float | str | timedelta = "6h") -> Lease:
         """Protect this version from expiry and vacuum while a job reads it (a ``with``
@@ -278,7 +280,12 @@ class Snapshot(Sequence[Sample]):
         """
         storage = open_storage(self._storage.uri, self._storage.storage_options or None)
         return Snapshot(
-            self.manifest, storage, Segments(storage), ChunkReader(storage), fields=self._fields
+            self.manifest,
+            storage,
+            Segments(storage),
+            ChunkReader(storage),
+            fields=self._fields,
+            zero_copy=self.is_zero_copy,
         )
 
     @property
@@ -301,7 +308,30 @@ class Snapshot(Sequence[Sample]):
 
     def select(self, fields: Iterable[str]) -> Snapshot:
         """The same version, reading and decoding only ``fields``."""
-        return Snapshot(self.manifest, self._storage, self._segments, self._reader, fields=fields)
+        return Snapshot(
+            self.manifest,
+            self._storage,
+            self._segments,
+            self._reader,
+            fields=fields,
+            zero_copy=self.is_zero_copy,
+        )
+
+    def zero_copy(self) -> Snapshot:
+        """The same version, giving each top-level ``bytes`` value as a read-only
+        ``memoryview`` of the chunk's bytes (mapped, for a local store) instead of a copy.
+
+        Checksums are verified as ever. A view keeps its chunk's map (or its block's
+        decompressed bytes) alive for as long as it lives; ``bytes(view)`` makes a copy.
+        """
+        return Snapshot(
+            self.manifest,
+            self._storage,
+            self._segments,
+            self._reader,
+            fields=self._fields,
+            zero_copy=True,
+        )
 
     def __len__(self) -> int:
         return self.manifest.num_samples
@@ -345,7 +375,11 @@ class Snapshot(Sequence[Sample]):
         local = index - self._segment_starts[seg_no]
         chunk_no = bisect_right(segment.starts, local) - 1
         return self._reader.sample(
-            segment.chunks[chunk_no], local - segment.starts[chunk_no], self.version, self._fields
+            segment.chunks[chunk_no],
+            local - segment.starts[chunk_no],
+            self.version,
+            self._fields,
+            self.is_zero_copy,
         )
 
     def __iter__(self) -> Iterator[Sample]:
@@ -356,15 +390,25 @@ class Snapshot(Sequence[Sample]):
         if not chunks:
             return
         reader, version, fields = self._reader, self.version, self._fields
+        views = self.is_zero_copy
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="txstore-read") as pool:
             ahead: Future[Fetched] = pool.submit(reader.fetch, chunks[0], version, fields)
             for i, chunk in enumerate(chunks):
                 fetched = ahead.result()
                 if i + 1 < len(chunks):
                     ahead = pool.submit(reader.fetch, chunks[i + 1], version, fields)
-                yield from reader.samples(fetched, chunk, version)
+                yield from reader.samples(fetched, chunk, version, views=views)
 
 
-def _rebuild(storage: Storage, manifest: bytes, fields: frozenset[str] | None) -> Snapshot:
+def _rebuild(
+    storage: Storage, manifest: bytes, fields: frozenset[str] | None, zero_copy: bool
+) -> Snapshot:
     decoded = fmt.decode(manifest, Manifest, f"{storage.uri} (pickled snapshot)")
-    return Snapshot(decoded, storage, Segments(storage), ChunkReader(storage), fields=fields)
+    return Snapshot(
+        decoded,
+        storage,
+        Segments(storage),
+        ChunkReader(storage),
+        fields=fields,
+        zero_copy=zero_copy,
+    )

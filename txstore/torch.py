@@ -192,6 +192,9 @@ class StreamingDataset(IterableDataset[Any]):
     temporary folder), at most ``max_cache_size`` bytes of finished chunks per folder. With
     ``lease_ttl`` (e.g. "6h") the dataset holds a lease on its version, renewed in the
     background, so that expire and vacuum leave it alone for the run (``release_lease()``).
+    ``zero_copy`` gives top-level ``bytes`` values as read-only memoryviews of the chunks
+    (``Snapshot.zero_copy``): ``transform`` can decode them without a copy; the default
+    collate does not take them, and those in a batch from a worker arrive as ``bytes``.
     """
 
     def __init__(
@@ -210,6 +213,7 @@ class StreamingDataset(IterableDataset[Any]):
         max_cache_size: int = 8 * 2**30,
         prefetch_chunks: int = 2,
         lease_ttl: str | float | None = None,
+        zero_copy: bool = False,
     ) -> None:
         if isinstance(source, Snapshot):
             if version is not None and version != source.version:
@@ -219,6 +223,8 @@ class StreamingDataset(IterableDataset[Any]):
             snapshot = open_store(source, storage_options=storage_options).snapshot(version)
         if fields is not None:
             snapshot = snapshot.select(fields)
+        if zero_copy:
+            snapshot = snapshot.zero_copy()
         if shuffle_window < 1:
             raise ValueError("shuffle_window counts chunks and must be at least 1")
         self.snapshot = snapshot
@@ -325,7 +331,7 @@ class StreamingDataset(IterableDataset[Any]):
         self, windows: list[list[Piece]], worker: int, first_window: int, skip: int
     ) -> Iterator[Any]:
         snapshot = self._own_snapshot()
-        reader, version = snapshot._reader, snapshot.version
+        reader, version, views = snapshot._reader, snapshot.version, snapshot.is_zero_copy
         fetcher = _ChunkFetcher(
             snapshot, self._cache_dir(), self.max_cache_size, self.prefetch_chunks
         )
@@ -337,7 +343,7 @@ class StreamingDataset(IterableDataset[Any]):
             if not self.shuffle:  # nothing to reorder: yield as blocks decode
                 for piece in (p for window in windows for p in window):
                     chunk, fetched = next(stream)
-                    rows = reader.samples(fetched, chunk, version, piece.start, piece.stop)
+                    rows = reader.samples(fetched, chunk, version, piece.start, piece.stop, views)
                     for sample in itertools.islice(rows, skip, None):
                         yield sample if transform is None else transform(sample)
                     skip = max(0, skip - (piece.stop - piece.start))
@@ -348,7 +354,9 @@ class StreamingDataset(IterableDataset[Any]):
                 samples: list[Sample] = []
                 for piece in window:
                     chunk, fetched = next(stream)
-                    samples += reader.samples(fetched, chunk, version, piece.start, piece.stop)
+                    samples += reader.samples(
+                        fetched, chunk, version, piece.start, piece.stop, views
+                    )
                     del fetched
                     fetcher.release(chunk)
                 order = self._window_order(worker, number, len(samples))

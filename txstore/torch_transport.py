@@ -114,7 +114,7 @@ class BytesPool:
         self.generations.append(0)
         return count, True
 
-    def place(self, items: list[bytes], total: int) -> SharedBytes:
+    def place(self, items: list[bytes | memoryview], total: int) -> SharedBytes:
         slot, fresh = self._slot(_HEADER + total)
         buffer = self.buffers[slot] if slot >= 0 else _new_buffer(_HEADER + total)
         view = self.views[slot] if slot >= 0 else buffer.numpy().data
@@ -159,9 +159,12 @@ class Receiver:
         return items
 
 
+_BYTES_LIKE = (bytes, memoryview)  # views come from zero-copy snapshots; they arrive as bytes
+
+
 def _shareable(items: list[Any]) -> int:
     """The total size of a list of bytes worth sharing, or 0."""
-    if len(items) < 2 or any(type(item) is not bytes for item in items):
+    if len(items) < 2 or any(type(item) not in _BYTES_LIKE for item in items):
         return 0
     total = sum(map(len, items))
     return total if total >= SHARED_BYTES_MIN else 0
@@ -191,6 +194,8 @@ def pack(batch: Any, pool: BytesPool) -> Any:
         return pool.place(batch, total) if total else [pack(value, pool) for value in batch]
     if kind is tuple:
         return tuple(pack(value, pool) for value in batch)
+    if kind is memoryview:  # from a zero-copy snapshot: cannot be pickled
+        return bytes(batch)
     return batch
 
 

@@ -17,17 +17,19 @@ from __future__ import annotations
 
 import struct
 from bisect import bisect_right
+from collections.abc import Iterator
 from itertools import accumulate
 from typing import Any
 
 import msgspec
 
-from ..errors import CorruptError, EncodeError, UnsupportedFormatError
+from ..errors import ChecksumError, CorruptError, EncodeError, UnsupportedFormatError
 from .codec import (
     CODEC_RAW,
     FRAME_CHECKSUMS,
     FrameCompressor,
     crc32,
+    decompress_frame,
     frame_checksum,
     open_frame,
 )
@@ -404,11 +406,12 @@ def decode_column(
     n: int,
     decoder: ValueDecoder,
     layout: ChunkLayout,
+    views: bool = False,
 ) -> list[Any]:
-    """All values of one frame; ``buf`` holds the file's bytes from offset ``base``."""
+    """All values of one frame; ``buf`` holds the file's bytes from offset ``base``. With
+    ``views``, a frame of ``bytes`` values gives views of its raw bytes (zero-copy)."""
     raw = _frame_raw(buf, base, frame, layout)
-    values: list[Any] = decoder.decode(raw[: len(raw) - 4 * n])
-    return values
+    return decoder.decode_list(raw[: len(raw) - 4 * n], views=views)
 
 
 def decode_value(
@@ -419,13 +422,14 @@ def decode_value(
     i: int,
     decoder: ValueDecoder,
     layout: ChunkLayout,
+    views: bool = False,
 ) -> Any:
     """Value ``i`` of one frame, decoding only that value."""
     raw = _frame_raw(buf, base, frame, layout)
     table = len(raw) - 4 * n
     (start,) = struct.unpack_from("<I", raw, table + 4 * i)
     end = struct.unpack_from("<I", raw, table + 4 * i + 4)[0] if i + 1 < n else table
-    return decoder.decode(raw[start:end])
+    return decoder.decode(raw[start:end], views=views)
 
 
 def select_frames(
@@ -436,6 +440,61 @@ def select_frames(
         return frames
     names = layout.columns
     return [f for f in frames if names[f.column] in fields]
+
+
+def decode_blocks(
+    parts: list[tuple[ChunkLayout, FileBytes, frozenset[str] | None]],
+    first: int,
+    last: int,
+    decoder: ValueDecoder,
+    views: bool,
+) -> Iterator[list[dict[str, Any]]]:
+    """The samples of blocks [first, last) of one chunk, a list per block, from the bytes of
+    its sources (each with the columns to keep, or None for all of them).
+
+    The streaming reader's loop, with decode_column's work inline: when samples are larger
+    than a block, a block is one sample and this per-frame work is most of its cost.
+    """
+    prepared = []
+    for layout, buf, keep in parts:
+        wanted = (
+            None
+            if keep is None
+            else frozenset(i for i, name in enumerate(layout.columns) if name in keep)
+        )
+        whole = None if isinstance(buf, Ranges) else memoryview(buf)
+        prepared.append((layout, wanted, whole, buf))
+    block_starts = parts[0][0].block_starts
+    decode = decoder.decode_list
+    for number in range(first, last):
+        n = block_starts[number + 1] - block_starts[number]
+        names: list[str] = []
+        columns: list[list[Any]] = []
+        sparse = False
+        for layout, wanted, whole, buf in prepared:
+            check, where, column_names = layout.check, layout.where, layout.columns
+            for frame in layout.footer.blocks[number].frames:
+                if wanted is not None and frame.column not in wanted:
+                    continue
+                offset, length = frame.offset, frame.length
+                if whole is not None:
+                    stored = whole[offset : offset + length]
+                else:
+                    assert isinstance(buf, Ranges)
+                    stored = buf.view(offset, length)
+                if len(stored) != length:
+                    raise CorruptError(f"{where}: truncated frame at offset {offset}")
+                if check(stored) != frame.checksum:
+                    raise ChecksumError(f"checksum mismatch in {where}")
+                raw = (
+                    stored
+                    if frame.codec == CODEC_RAW
+                    else memoryview(decompress_frame(stored, frame.codec, frame.raw_length, where))
+                )
+                columns.append(decode(raw[: len(raw) - 4 * n], views=views))
+                names.append(column_names[frame.column])
+                sparse = sparse or bool(frame.flags)
+        yield assemble(names, columns, sparse, n)
 
 
 def assemble(

@@ -157,3 +157,24 @@ def test_a_sample_that_cannot_be_encoded_leaves_the_builder_as_it_was(bad_at: in
         builder.add(sample, position)
     data = b"".join(bytes(p) for p in builder.finish().parts)
     assert _read_all(data) == good
+
+
+def test_a_column_that_turns_compressible_is_compressed_again() -> None:
+    import os
+
+    from txstore.format.codec import CODEC_RAW, CODEC_ZSTD
+
+    builder = ChunkBuilder(block_bytes=60_000, compressor=FrameCompressor("zstd", 3))
+    # 50 blocks of noise (stored raw, then no longer tried), then 100 of text.
+    samples = [{"x": os.urandom(70_000)} for _ in range(50)]
+    samples += [{"x": b"the same words again " * 3500} for _ in range(100)]
+    for position, sample in enumerate(samples):
+        builder.add(sample, position)
+    data = b"".join(bytes(p) for p in builder.finish().parts)
+    layout = parse_footer(data[layout_start(data) :], "test chunk")
+    codecs = [block.frames[0].codec for block in layout.footer.blocks]
+    assert len(codecs) == 150
+    assert set(codecs[:50]) == {CODEC_RAW}
+    # Found within one probe interval of the change, and compressed from then on.
+    assert codecs.index(CODEC_ZSTD) < 50 + 33 and set(codecs[83:]) == {CODEC_ZSTD}
+    assert [bytes(r["x"]) for r in _read_all(data)] == [s["x"] for s in samples]

@@ -112,8 +112,9 @@ class _Column:
 
 
 #: After this many frames of a column in a row that zstd could not shrink, try it only on
-#: every ``_PROBE_EVERY``-th frame: incompressible columns (JPEG, tokens) stop paying for it.
-_RAW_STREAK, _PROBE_EVERY = 4, 32
+#: every ``_PROBE_EVERY``-th frame, and first on a slice of ``_PROBE_BYTES`` from its middle:
+#: incompressible columns (JPEG, tokens) stop paying for it.
+_RAW_STREAK, _PROBE_EVERY, _PROBE_BYTES = 4, 32, 16384
 #: Frames whose parts average fewer bytes than this are joined: per-part costs would dominate.
 _JOIN_BELOW = 16384
 
@@ -239,11 +240,18 @@ class ChunkBuilder:
         """Close the open block now (field files copy their chunk's block boundaries)."""
         self._seal_block()
 
-    def _should_compress(self, name: str) -> bool:
+    def _should_compress(self, name: str, parts: list[bytes], raw_length: int) -> bool:
         if not self._compressor.enabled:
             return False
         streak = self._raw_streak.get(name, 0)
-        return streak < _RAW_STREAK or streak % _PROBE_EVERY == 0
+        if streak < _RAW_STREAK:
+            return True
+        if streak % _PROBE_EVERY:
+            return False
+        if raw_length <= 2 * _PROBE_BYTES:
+            return True
+        middle = (raw_length - _PROBE_BYTES) // 2
+        return self._compressor.shrinks(memoryview(b"".join(parts))[middle : middle + _PROBE_BYTES])
 
     def _seal_block(self) -> None:
         if not self._block_n:
@@ -253,7 +261,7 @@ class ChunkBuilder:
             column = self._columns.setdefault(name, len(self._columns))
             parts, raw_length = col.raw_parts()
             codec, stored = CODEC_RAW, parts
-            if self._should_compress(name):
+            if self._should_compress(name, parts, raw_length):
                 codec, packed = self._compressor.compress(b"".join(parts))
                 if codec == CODEC_RAW:
                     self._raw_streak[name] = self._raw_streak.get(name, 0) + 1

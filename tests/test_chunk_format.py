@@ -178,3 +178,20 @@ def test_a_column_that_turns_compressible_is_compressed_again() -> None:
     # Found within one probe interval of the change, and compressed from then on.
     assert codecs.index(CODEC_ZSTD) < 50 + 33 and set(codecs[83:]) == {CODEC_ZSTD}
     assert [bytes(r["x"]) for r in _read_all(data)] == [s["x"] for s in samples]
+
+
+def test_a_column_repeating_a_large_value_after_noise_is_compressed() -> None:
+    import os
+
+    from txstore.format.codec import CODEC_ZSTD
+
+    builder = ChunkBuilder(block_bytes=60_000, compressor=FrameCompressor("zstd", 3))
+    blob = os.urandom(20_000)  # each frame repeats it: only the whole frame compresses
+    samples = [{"x": os.urandom(70_000)} for _ in range(10)] + [{"x": blob}] * 600
+    for position, sample in enumerate(samples):
+        builder.add(sample, position)
+    data = b"".join(bytes(p) for p in builder.finish().parts)
+    layout = parse_footer(data[layout_start(data) :], "test chunk")
+    codecs = [block.frames[0].codec for block in layout.footer.blocks]
+    assert codecs.count(CODEC_ZSTD) > len(codecs) // 2
+    assert len(data) < sum(len(s["x"]) for s in samples) // 2

@@ -107,6 +107,26 @@ def test_zero_copy_gives_top_level_bytes_as_views_and_the_rest_as_ever(
     assert type(store.snapshot()[len(samples)]["blob"]) is bytes  # not asked for
 
 
+def test_zero_copy_gives_views_in_blocks_with_absent_and_mixed_values(backend: Backend) -> None:
+    store = _create(backend)  # default blocks: all 40 samples in one
+    samples: list[dict[str, Any]] = []
+    for i in range(40):
+        sample: dict[str, Any] = {"mixed": b"m%d" % i if i % 3 else None}
+        if i % 5:
+            sample["blob"] = bytes([i]) * 50
+        samples.append(sample)
+    store.append(samples)
+    snap = store.snapshot().zero_copy()
+    for got in (list(snap), [snap[i] for i in range(40)]):  # streamed and indexed alike
+        for sample, expected in zip(got, samples, strict=True):
+            assert sample.keys() == expected.keys()
+            for key, value in expected.items():
+                if value is None:
+                    assert sample[key] is None
+                else:
+                    assert type(sample[key]) is memoryview and bytes(sample[key]) == value
+
+
 def test_decoded_arrays_are_writable(backend: Backend) -> None:
     store = _create(backend)
     store.append([{"a": np.zeros(3)}])

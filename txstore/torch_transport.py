@@ -159,12 +159,15 @@ class Receiver:
         return items
 
 
-_BYTES_LIKE = (bytes, memoryview)  # views come from zero-copy snapshots; they arrive as bytes
+def _is_bytes_like(item: Any) -> bool:
+    """``bytes``, or a flat view of bytes (from a zero-copy snapshot; it arrives as bytes)."""
+    kind = type(item)
+    return kind is bytes or (kind is memoryview and item.itemsize == 1 and item.c_contiguous)
 
 
 def _shareable(items: list[Any]) -> int:
     """The total size of a list of bytes worth sharing, or 0."""
-    if len(items) < 2 or any(type(item) not in _BYTES_LIKE for item in items):
+    if len(items) < 2 or not all(map(_is_bytes_like, items)):
         return 0
     total = sum(map(len, items))
     return total if total >= SHARED_BYTES_MIN else 0

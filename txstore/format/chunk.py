@@ -112,9 +112,10 @@ class _Column:
 
 
 #: After this many frames of a column in a row that zstd could not shrink, try it only on
-#: every ``_PROBE_EVERY``-th frame, and first on a slice of ``_PROBE_BYTES`` from its middle:
-#: incompressible columns (JPEG, tokens) stop paying for it.
-_RAW_STREAK, _PROBE_EVERY, _PROBE_BYTES = 4, 32, 16384
+#: every ``_PROBE_EVERY``-th frame: incompressible columns (JPEG, tokens) stop paying for it.
+#: (A slice of the frame is no cheaper a probe: a frame that repeats a value larger than the
+#: slice compresses, the slice does not.)
+_RAW_STREAK, _PROBE_EVERY = 4, 32
 #: Frames whose parts average fewer bytes than this are joined: per-part costs would dominate.
 _JOIN_BELOW = 16384
 
@@ -240,18 +241,11 @@ class ChunkBuilder:
         """Close the open block now (field files copy their chunk's block boundaries)."""
         self._seal_block()
 
-    def _should_compress(self, name: str, parts: list[bytes], raw_length: int) -> bool:
+    def _should_compress(self, name: str) -> bool:
         if not self._compressor.enabled:
             return False
         streak = self._raw_streak.get(name, 0)
-        if streak < _RAW_STREAK:
-            return True
-        if streak % _PROBE_EVERY:
-            return False
-        if raw_length <= 2 * _PROBE_BYTES:
-            return True
-        middle = (raw_length - _PROBE_BYTES) // 2
-        return self._compressor.shrinks(memoryview(b"".join(parts))[middle : middle + _PROBE_BYTES])
+        return streak < _RAW_STREAK or streak % _PROBE_EVERY == 0
 
     def _seal_block(self) -> None:
         if not self._block_n:
@@ -261,7 +255,7 @@ class ChunkBuilder:
             column = self._columns.setdefault(name, len(self._columns))
             parts, raw_length = col.raw_parts()
             codec, stored = CODEC_RAW, parts
-            if self._should_compress(name, parts, raw_length):
+            if self._should_compress(name):
                 codec, packed = self._compressor.compress(b"".join(parts))
                 if codec == CODEC_RAW:
                     self._raw_streak[name] = self._raw_streak.get(name, 0) + 1
@@ -499,10 +493,31 @@ def decode_blocks(
                     if frame.codec == CODEC_RAW
                     else memoryview(decompress_frame(stored, frame.codec, frame.raw_length, where))
                 )
-                columns.append(decode(raw[: len(raw) - 4 * n], views=views))
+                table = len(raw) - 4 * n
+                values = decode(raw[:table], views=views)
+                if views and type(values[0]) is not memoryview:  # not all bytes
+                    values = _views_one_by_one(values, raw, table, decoder)
+                columns.append(values)
                 names.append(column_names[frame.column])
                 sparse = sparse or bool(frame.flags)
         yield assemble(names, columns, sparse, n)
+
+
+def _views_one_by_one(
+    values: list[Any], raw: memoryview, table: int, decoder: ValueDecoder
+) -> list[Any]:
+    """A frame's values with each ``bytes`` one a view, as ``decode_value`` gives it: for a
+    column whose values are not all ``bytes`` (absent, None, mixed), which a zero-copy reader
+    must not hand out as copies in one block and views in another."""
+    if not any(type(value) is bytes for value in values):
+        return values
+    starts = [*struct.unpack_from(f"<{len(values)}I", raw, table), table]
+    return [
+        decoder.decode(raw[starts[k] : starts[k + 1]], views=True)
+        if type(value) is bytes
+        else value
+        for k, value in enumerate(values)
+    ]
 
 
 def assemble(

@@ -344,8 +344,12 @@ class StreamingDataset(IterableDataset[Any]):
                 for piece in (p for window in windows for p in window):
                     chunk, fetched = next(stream)
                     rows = reader.samples(fetched, chunk, version, piece.start, piece.stop, views)
-                    for sample in itertools.islice(rows, skip, None):
-                        yield sample if transform is None else transform(sample)
+                    if skip:
+                        rows = itertools.islice(rows, skip, None)
+                    if transform is None:
+                        yield from rows
+                    else:
+                        yield from map(transform, rows)
                     skip = max(0, skip - (piece.stop - piece.start))
                     del fetched
                     fetcher.release(chunk)

@@ -104,6 +104,9 @@ def test_zero_copy_gives_top_level_bytes_as_views_and_the_rest_as_ever(
     assert views.count(memoryview) == 42 and views.count(str) == 1
     assert type(snap[2]["list"][3][1]) is bytes  # nested bytes are copies
     assert type(snap.select(["tag"])[len(samples)]["tag"]) is memoryview
+    projected = list(snap.select(["tag"]))[len(samples) : len(samples) + 40]  # read as ranges
+    assert [bytes(s["tag"]) for s in projected] == [b["tag"] for b in blobs]
+    assert all(type(s["tag"]) is memoryview for s in projected)
     assert type(store.snapshot()[len(samples)]["blob"]) is bytes  # not asked for
 
 

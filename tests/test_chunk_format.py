@@ -16,9 +16,8 @@ from txstore.format.chunk import (
     ChunkBuilder,
     ChunkFooter,
     FrameIndex,
-    assemble,
     check_header,
-    decode_column,
+    decode_blocks,
     decode_value,
     parse_footer,
 )
@@ -74,12 +73,9 @@ def _read_all(data: bytes) -> list[dict[str, Any]]:
     layout = parse_footer(data[layout_start(data) :], "test chunk")
     decoder = ValueDecoder()
     rows: list[dict[str, Any]] = []
-    for number, block in enumerate(layout.footer.blocks):
-        names = [layout.columns[f.column] for f in block.frames]
-        columns = [
-            decode_column(data, 0, f, block.num_samples, decoder, layout) for f in block.frames
-        ]
-        rows += assemble(names, columns, any(f.flags for f in block.frames), block.num_samples)
+    blocks = decode_blocks([(layout, data, None)], 0, len(layout.footer.blocks), decoder, False)
+    for number, (block, block_rows) in enumerate(zip(layout.footer.blocks, blocks, strict=True)):
+        rows += block_rows
         # One value alone, as snap[i] reads it.
         last = block.frames[-1]
         one = decode_value(data, 0, last, block.num_samples, block.num_samples - 1, decoder, layout)

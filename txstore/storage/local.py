@@ -8,6 +8,7 @@ writers queue; it is an optimisation, never what correctness rests on.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import hashlib
 import mmap
 import os
@@ -37,6 +38,33 @@ _IOV_MAX = 1024
 _WRITE_BYTES = 4 << 20
 
 
+def _load_sync_file_range() -> Any:
+    """libc's ``sync_file_range`` (Linux), or None where there is none."""
+    try:
+        function = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError, TypeError):
+        return None
+    function.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    function.restype = ctypes.c_int
+    return function
+
+
+_sync_file_range = _load_sync_file_range()
+_SYNC_FILE_RANGE_WRITE = 2  # start writeback of the range's dirty pages; do not wait
+
+
+def _start_writeback(fd: int, offset: int, length: int) -> None:
+    """Start writing [offset, offset + length) to disk now, without waiting for it.
+
+    A hint (RocksDB's ``bytes_per_sync``): the disk works while the writer encodes, and the
+    fsync that seals the file finds its pages written or in flight instead of starting 64 MiB
+    of writeback then. W2 appends took 1.41 against 1.80 s (medians of 9, alternated; see
+    docs/benchmarks.md). A failure changes nothing: the fsync still makes the file durable.
+    """
+    if _sync_file_range is not None:
+        _sync_file_range(fd, offset, length, _SYNC_FILE_RANGE_WRITE)
+
+
 def _fsync_dir(path: str) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -64,6 +92,7 @@ def _write_all(fd: int, buffers: list[bytes | memoryview]) -> None:
         while len(view) >= room:  # fill the batch up to the boundary
             batch.append(view[:room])
             _writev(fd, batch, size + room)
+            _start_writeback(fd, offset, size + room)
             offset += size + room
             batch, size, view, room = [], 0, view[room:], _WRITE_BYTES
         if view:

@@ -29,13 +29,13 @@ _LOCK_NAME = ".txstore.lock"
 _MAX_KEPT_MAPS = 64
 _IOV_MAX = 1024
 # Bytes per writev call, and the file offsets the calls end at. On ext4 (Linux 6.18, this
-# project's bench machine) calls of a whole 64 MiB chunk ran 1 to 7 times slower than the same
-# bytes in calls of 1 MiB, varying run to run; 1 MiB calls were steady. The page cache sizes
-# its folios by each write's length and alignment, and a reader's page faults follow: a 64 MiB
-# file written in 1 MiB calls that end at unaligned offsets mapped in 2.2 ms (page faults),
-# in aligned 1 MiB calls in 0.94 ms, in aligned 4 MiB calls in 0.43 ms, all written at the
-# same speed (docs/benchmarks.md).
-_WRITE_BYTES = 4 << 20
+# project's bench machine, a Firecracker VM) one call per 64 MiB chunk ran 1 to 7 times slower
+# than the same bytes in 1 MiB calls, varying run to run. The page cache sizes its folios by
+# each write's length and alignment: 4 MiB calls make 2 MiB folios, which map with fewer page
+# faults (touching a 64 MiB chunk: 0.27 against 0.88 ms) but cost 2 to 3 times the kernel CPU
+# to write here (order-9 allocations land on memory the VM has handed back to its host), so
+# W2 appends took 1.69 against 1.42 s (medians of 9, alternated; docs/benchmarks.md).
+_WRITE_BYTES = 1 << 20
 
 
 def _load_sync_file_range() -> Any:

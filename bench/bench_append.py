@@ -32,7 +32,9 @@ import types
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 Sample = dict[str, Any]
 
@@ -433,6 +435,14 @@ def importable(contenders: Sequence[Contender]) -> tuple[list[Contender], dict[s
     return ready, missing
 
 
+def rotated(items: Sequence[T], turn: int) -> list[T]:
+    """``items`` starting at ``turn`` (mod its length): repeat k of a round robin starts one
+    contender later, so that each runs in each position, e.g. right after another's 2 GB
+    were deleted, which on the bench VM made a writer up to 1.5 times slower."""
+    k = turn % len(items) if items else 0
+    return [*items[k:], *items[:k]]
+
+
 def run_workload(
     workload: Workload, contenders: Sequence[Contender], workdir: Path, repeat: int
 ) -> list[Result]:
@@ -442,8 +452,8 @@ def run_workload(
     print(f"\n{workload.describe()}: payload generated in {generation_s:.1f} s (not timed)")
     measure(CONTENDERS[0], workload, samples, workdir)  # untimed warm-up of the page cache
     runs: dict[str, list[Result]] = {c.label: [] for c in contenders}
-    for _ in range(repeat):  # round robin, so drift hits every contender alike
-        for contender in contenders:
+    for turn in range(repeat):  # round robin, so drift hits every contender alike
+        for contender in rotated(contenders, turn):
             runs[contender.label].append(measure(contender, workload, samples, workdir))
     results = [median_result(runs[c.label]) for c in contenders]
     for result in results:

@@ -299,7 +299,7 @@ def run_workload(
     )  # untimed warm-up of the disk path
     runs: dict[str, list[ba.Result]] = {c.key: [] for c in contenders}
     for r in range(repeat):  # round robin, so drift hits every contender alike
-        for contender in contenders:
+        for contender in ba.rotated(contenders, r):
             runs[contender.key].append(measure(contender, workload, inputs, workdir))
             print(
                 f"  [{r + 1}/{repeat}] {contender.label:<28} "

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import gc
 import json
 import logging
 import multiprocessing
@@ -250,8 +249,7 @@ def timed_run(
     contender: Contender, out: Path, inputs: Sequence[int], result: ba.Result, expected: int
 ) -> None:
     """Run, fsync the output, fill ``result``; ``expected``: samples the output should hold."""
-    os.sync()
-    gc.collect()
+    ba.settle()
     start = time.perf_counter()
     note = contender.run(out, inputs)
     result.write_s = time.perf_counter() - start
@@ -299,7 +297,7 @@ def run_workload(
     )  # untimed warm-up of the disk path
     runs: dict[str, list[ba.Result]] = {c.key: [] for c in contenders}
     for r in range(repeat):  # round robin, so drift hits every contender alike
-        for contender in ba.rotated(contenders, r):
+        for contender in ba.shuffled(contenders, r):
             runs[contender.key].append(measure(contender, workload, inputs, workdir))
             print(
                 f"  [{r + 1}/{repeat}] {contender.label:<28} "
@@ -581,6 +579,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--json", type=Path, help="write all results to this JSON file")
     parser.add_argument("--repeat", type=int, default=3, help="runs per contender; median kept")
     parser.add_argument(
+        "--settle", type=float, default=ba.SETTLE_S, help="s to wait before each run (default 0)"
+    )
+    parser.add_argument(
         "--workdir", type=Path, default=ba.default_workdir(), help="where temp dirs go (same disk)"
     )
     parser.add_argument("--workloads", default="W1,W2", help="comma-separated subset of W1,W2")
@@ -638,6 +639,7 @@ def run_small_append(args: argparse.Namespace, report: dict[str, Any]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    ba.SETTLE_S = args.settle
     logging.disable(logging.WARNING)  # MosaicML's "directory exists" and temp-folder notices
     info = ba.machine_info(args.workdir)
     ba.print_machine(info)

@@ -156,7 +156,7 @@ def test_unknown_scheme_is_refused() -> None:
 
 
 def test_writes_of_many_parts_and_large_parts_keep_every_byte(storage: Storage) -> None:
-    # Local writes go out in writev calls ending at 1 MiB-aligned offsets, each followed by a
+    # Local writes go out in writev calls ending at 512 KiB-aligned offsets, each followed by a
     # writeback hint, of at most 1024 buffers: cover the splits.
     rng = random.Random(7)
     parts: list[bytes | memoryview] = [bytes([i % 251]) * rng.randrange(0, 40) for i in range(3000)]

@@ -31,11 +31,13 @@ _IOV_MAX = 1024
 # Bytes per writev call, and the file offsets the calls end at. On ext4 (Linux 6.18, this
 # project's bench machine, a Firecracker VM) one call per 64 MiB chunk ran 1 to 7 times slower
 # than the same bytes in 1 MiB calls, varying run to run. The page cache sizes its folios by
-# each write's length and alignment: 4 MiB calls make 2 MiB folios, which map with fewer page
-# faults (touching a 64 MiB chunk: 0.27 against 0.88 ms) but cost 2 to 3 times the kernel CPU
-# to write here (order-9 allocations land on memory the VM has handed back to its host), so
-# W2 appends took 1.69 against 1.42 s (medians of 9, alternated; docs/benchmarks.md).
-_WRITE_BYTES = 1 << 20
+# each write's length and alignment, and it is a trade: larger folios map with fewer page
+# faults (touching a warm 64 MiB chunk: 2.4 ms after 256 KiB calls, 1.4 ms after 512 KiB,
+# 0.9 ms after 1 MiB, 0.27 ms after 2 or 4 MiB), but folios of 1 MiB and more cost this VM
+# 3 to 6 times the kernel CPU to write (large allocations land on memory it has handed back
+# to its host): W2 appends took 1.10 s in 512 KiB calls, 1.66 s in 1 MiB calls, 1.18 s for
+# the plain file (medians of 5, alternated; docs/benchmarks.md).
+_WRITE_BYTES = 512 << 10
 
 
 def _load_sync_file_range() -> Any:

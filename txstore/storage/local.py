@@ -28,15 +28,12 @@ TEMP_PREFIX = ".tmp."
 _LOCK_NAME = ".txstore.lock"
 _MAX_KEPT_MAPS = 64
 _IOV_MAX = 1024
-# Bytes per writev call, and the file offsets the calls end at. On ext4 (Linux 6.18, this
-# project's bench machine, a Firecracker VM) one call per 64 MiB chunk ran 1 to 7 times slower
-# than the same bytes in 1 MiB calls, varying run to run. The page cache sizes its folios by
-# each write's length and alignment, and it is a trade: larger folios map with fewer page
-# faults (touching a warm 64 MiB chunk: 2.4 ms after 256 KiB calls, 1.4 ms after 512 KiB,
-# 0.9 ms after 1 MiB, 0.27 ms after 2 or 4 MiB), but folios of 1 MiB and more cost this VM
-# 3 to 6 times the kernel CPU to write (large allocations land on memory it has handed back
-# to its host): W2 appends took 1.10 s in 512 KiB calls, 1.66 s in 1 MiB calls, 1.18 s for
-# the plain file (medians of 5, alternated; docs/benchmarks.md).
+# Bytes per writev call, and the offsets the calls end at: a trade, measured on the bench VM
+# (ext4, Linux 6.18, Firecracker). One call per 64 MiB chunk ran 1 to 7 times slower than
+# 1 MiB calls. The page cache sizes its folios by each write's length and alignment: larger
+# folios fault less when a chunk is mapped (a warm 64 MiB chunk: 1.4 ms after 512 KiB calls,
+# 0.27 ms after 4 MiB) but cost this VM more kernel CPU to write (W2 appends: 1.10 s in
+# 512 KiB calls, 1.66 s in 1 MiB calls, the plain file 1.18 s). docs/benchmarks.md has all.
 _WRITE_BYTES = 512 << 10
 
 

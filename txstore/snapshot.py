@@ -279,14 +279,7 @@ class Snapshot(Sequence[Sample]):
         For forked processes: s3fs clients, open files and locks do not survive a fork.
         """
         storage = open_storage(self._storage.uri, self._storage.storage_options or None)
-        return Snapshot(
-            self.manifest,
-            storage,
-            Segments(storage),
-            ChunkReader(storage),
-            fields=self._fields,
-            zero_copy=self.is_zero_copy,
-        )
+        return _with_own_caches(storage, self.manifest, self._fields, self.is_zero_copy)
 
     @property
     def version(self) -> int:
@@ -401,8 +394,16 @@ def _rebuild(
     storage: Storage, manifest: bytes, fields: frozenset[str] | None, zero_copy: bool
 ) -> Snapshot:
     decoded = fmt.decode(manifest, Manifest, f"{storage.uri} (pickled snapshot)")
+    return _with_own_caches(storage, decoded, fields, zero_copy)
+
+
+def _with_own_caches(
+    storage: Storage, manifest: Manifest, fields: frozenset[str] | None, zero_copy: bool
+) -> Snapshot:
+    """A snapshot of ``manifest`` through ``storage``, with segment and chunk caches of its own
+    (in a new process, or after a fork)."""
     return Snapshot(
-        decoded,
+        manifest,
         storage,
         Segments(storage),
         ChunkReader(storage),

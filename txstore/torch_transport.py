@@ -116,8 +116,11 @@ class BytesPool:
 
     def place(self, items: list[bytes | memoryview], total: int) -> SharedBytes:
         slot, fresh = self._slot(_HEADER + total)
-        buffer = self.buffers[slot] if slot >= 0 else _new_buffer(_HEADER + total)
-        view = self.views[slot] if slot >= 0 else buffer.numpy().data
+        if slot >= 0:
+            buffer, view, generation = self.buffers[slot], self.views[slot], self.generations[slot]
+        else:  # every slot busy: a one-off buffer
+            buffer = _new_buffer(_HEADER + total)
+            view, generation = buffer.numpy().data, 0
         view[0] = _BUSY
         ends: list[int] = []
         start = _HEADER
@@ -126,7 +129,6 @@ class BytesPool:
             view[start:end] = item
             ends.append(end)
             start = end
-        generation = self.generations[slot] if slot >= 0 else 0
         return SharedBytes(buffer if fresh else None, ends, (self.token, slot), generation)
 
 

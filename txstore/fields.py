@@ -18,7 +18,7 @@ from typing import Any
 import msgspec
 
 from .errors import ConflictError, EncodeError
-from .format.chunk import ChunkBuilder
+from .format.builder import ChunkBuilder
 from .format.codec import FrameCompressor
 from .format.manifest import ChunkRef, FieldFile, Manifest, StoreConfig
 from .progress import Progress
@@ -83,7 +83,7 @@ def compute_field_file(
         builder.end_block()  # the same block boundaries as the chunk
     built = builder.finish()
     key = f"chunks/{uuid.uuid4().hex}.fields"
-    storage.write(key, built.parts)
+    storage.write(key, built)
     ref = FieldFile(
         path=key,
         size=built.size,

@@ -10,7 +10,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from .errors import TxstoreError
-from .format.chunk import ChunkBuilder
+from .format.builder import ChunkBuilder
 from .format.codec import FrameCompressor
 from .format.manifest import ChunkRef, StoreConfig
 from .storage import Storage
@@ -74,7 +74,7 @@ class ChunkWriter:
 
     def _upload(self, key: str, builder: ChunkBuilder) -> ChunkRef:
         built = builder.finish()
-        self._storage.write(key, built.parts)
+        self._storage.write(key, built)
         return ChunkRef(
             path=key,
             num_samples=built.num_samples,

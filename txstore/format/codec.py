@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import xxhash
 import zstandard
@@ -35,7 +35,7 @@ def crc32(data: bytes | bytearray | memoryview, start: int = 0) -> int:
 _PIECE = 65536
 
 
-def frame_checksum(parts: list[bytes] | list[bytes | memoryview]) -> int:
+def frame_checksum(parts: Sequence[bytes | memoryview]) -> int:
     """The checksum of a frame's stored bytes (chunk format 2): XXH3-64, seed 0. At 20+ GB/s
     it costs a read or a write almost nothing; CRC-32 (format 1) ran at 1 to 7 GB/s here and
     was half the time of reading one sample."""

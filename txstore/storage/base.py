@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple, TypeAlias
 
-#: What ``Storage.write`` takes: bytes, or a sequence of buffers to store back to back (chunk
-#: writers hand over their parts so that a local write needs no joined copy).
-Data: TypeAlias = bytes | Sequence[bytes | memoryview]
+#: What ``Storage.write`` takes: bytes, or buffers to store back to back, iterated once (a
+#: chunk writer hands over its parts as it makes them, so a local write copies each once).
+Data: TypeAlias = bytes | Iterable[bytes | memoryview]
 
 
 def join(data: Data) -> bytes:

@@ -15,7 +15,7 @@ import os
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +80,7 @@ def _writev(fd: int, batch: list[bytes | memoryview], size: int) -> None:
             rest = rest[os.write(fd, rest) :]
 
 
-def _write_all(fd: int, buffers: list[bytes | memoryview]) -> None:
+def _write_all(fd: int, buffers: Iterable[bytes | memoryview]) -> None:
     """writev every buffer into a new file, in calls that end at multiples of
     ``_WRITE_BYTES`` (but the last, and calls cut short at _IOV_MAX buffers)."""
     batch: list[bytes | memoryview] = []
@@ -132,7 +132,7 @@ class LocalStorage(Storage):
         tmp = os.path.join(parent, f"{TEMP_PREFIX}{uuid.uuid4().hex}.{os.path.basename(path)}")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            _write_all(fd, [data] if isinstance(data, bytes) else list(data))
+            _write_all(fd, [data] if isinstance(data, bytes) else data)
             os.fsync(fd)
         except BaseException:
             os.close(fd)

@@ -193,7 +193,7 @@ def write_txstore_uncompressed(out: Path, samples: Sequence[Sample], workload: W
 
 
 def write_litdata_binarywriter(out: Path, samples: Sequence[Sample], workload: Workload) -> str:
-    from litdata.streaming.writer import BinaryWriter
+    from litdata.streaming.writer import BinaryWriter  # type: ignore[import-not-found]
 
     writer = BinaryWriter(str(out), chunk_bytes=CHUNK_BYTES, compression=None)
     for index, sample in enumerate(iter_samples(samples)):
@@ -218,7 +218,7 @@ def _optimize_tiny_item(index: int) -> Sample:
 def run_litdata_optimize(
     out: Path, fn: Callable[[int], Sample], count: int, start_method: str
 ) -> None:
-    from litdata import optimize
+    from litdata import optimize  # type: ignore[import-not-found]
 
     previous_method = multiprocessing.get_start_method(allow_none=True)
     try:
@@ -252,7 +252,7 @@ def import_mds_writer() -> Any:
     """streaming imports streaming.vision, which needs torchvision: stub it when absent."""
     if importlib.util.find_spec("torchvision") is None:
         sys.modules.setdefault("streaming.vision", types.ModuleType("streaming.vision"))
-    from streaming import MDSWriter
+    from streaming import MDSWriter  # type: ignore[import-not-found]
 
     return MDSWriter
 

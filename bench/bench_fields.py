@@ -32,6 +32,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -613,7 +614,7 @@ def run_profiles(base: Path, workdir: Path) -> None:
         try:
             profile(
                 f"{reader} read of {case.fields}, v1, warm",
-                lambda r=reader, c=cache: iterate(store, case, r, c),
+                partial(iterate, store, case, reader, cache),
                 20,
             )
         finally:

@@ -114,7 +114,7 @@ def run_litdata(
     fn: Callable[[int], Sample] = build_sample,
     start_method: str = "fork",
 ) -> str:
-    from litdata import optimize
+    from litdata import optimize  # type: ignore[import-not-found]
 
     previous = multiprocessing.get_start_method(allow_none=True)
     try:
@@ -127,7 +127,7 @@ def run_litdata(
             num_workers=workers,
             start_method=start_method,
             keep_data_ordered=True,
-            mode=mode,  # type: ignore[arg-type]
+            mode=mode,
             verbose=False,
         )
     finally:
@@ -144,7 +144,7 @@ def mds_partition(out: str, columns: dict[str, str], inputs: Sequence[int]) -> N
 
 
 def merge_mds_partitions(out: Path) -> None:
-    from streaming.base.util import merge_index
+    from streaming.base.util import merge_index  # type: ignore[import-not-found]
 
     merge_index(str(out), keep_local=True)
 
@@ -204,6 +204,11 @@ class Contender:
     counter: Callable[[Path], int] | None = None
 
 
+def with_workers(n: int, run: Callable[[Path, Sequence[int], int], str]) -> RunFn:
+    """``run`` with its worker count bound to ``n`` now, not when called."""
+    return lambda out, inputs: run(out, inputs, n)
+
+
 def throughput_contenders() -> list[Contender]:
     out = [Contender("plain", "plain file (write+fsync)", "plain", 1, run_plain)]
     for n in (1, 2):
@@ -213,21 +218,23 @@ def throughput_contenders() -> list[Contender]:
                 f"txstore optimize raw, {n}w",
                 "txstore",
                 n,
-                lambda o, i, n=n: run_txstore(o, i, n, None, None) + ", compression=None",
+                with_workers(
+                    n, lambda o, i, w: run_txstore(o, i, w, None, None) + ", compression=None"
+                ),
             ),
             Contender(
                 f"txstore-zstd-{n}",
                 f"txstore optimize zstd, {n}w",
                 "txstore-zstd",
                 n,
-                lambda o, i, n=n: run_txstore(o, i, n, "zstd", None) + ", zstd",
+                with_workers(n, lambda o, i, w: run_txstore(o, i, w, "zstd", None) + ", zstd"),
             ),
             Contender(
                 f"litdata-{n}",
                 f"LitData optimize, {n}w",
                 "litdata",
                 n,
-                lambda o, i, n=n: run_litdata(o, i, n, None),
+                with_workers(n, lambda o, i, w: run_litdata(o, i, w, None)),
                 ba.count_litdata,
             ),
             Contender(
@@ -235,7 +242,7 @@ def throughput_contenders() -> list[Contender]:
                 f"MDSWriter, {n}p",
                 "mds",
                 n,
-                lambda o, i, n=n: run_mds(o, i, n),
+                with_workers(n, run_mds),
                 ba.count_mds,
             ),
         ]
@@ -509,7 +516,7 @@ def ratios(results: Sequence[ba.Result], contenders: Sequence[Contender]) -> lis
                     ),
                     None,
                 )
-                value = ba.ratio(ours.samples_per_s, theirs and theirs.samples_per_s)
+                value = ba.ratio(ours.samples_per_s, ba.rate_of(theirs))
                 rows.append(
                     {
                         "workload": workload,

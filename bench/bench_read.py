@@ -332,7 +332,7 @@ def open_txstore(task: Task) -> Any:
 
 
 def open_litdata(task: Task) -> Any:
-    from litdata import StreamingDataset
+    from litdata import StreamingDataset  # type: ignore[import-not-found]
 
     if task.variant == "lit-bd0":
         return StreamingDataset(task.path, batch_decode=0)
@@ -341,8 +341,8 @@ def open_litdata(task: Task) -> Any:
 
 def open_mds(task: Task) -> Any:
     ba.import_mds_writer()  # stubs streaming.vision when torchvision is absent
-    from streaming import StreamingDataset
-    from streaming.base.util import clean_stale_shared_memory
+    from streaming import StreamingDataset  # type: ignore[import-not-found]
+    from streaming.base.util import clean_stale_shared_memory  # type: ignore[import-not-found]
 
     clean_stale_shared_memory()
     return StreamingDataset(local=task.path, batch_size=BATCH_SIZE, shuffle=False)

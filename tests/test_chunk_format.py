@@ -209,6 +209,16 @@ _VALUES = st.one_of(
 )
 
 
+#: Few keys and few types, so that a refused value often comes in a sample shaped like the
+#: last one (its type checks pass on the fast path, its range or UTF-8 check does not).
+_SMALL_VALUES = st.one_of(
+    st.integers(min_value=0, max_value=3),
+    st.text(alphabet="xü", max_size=2),
+    st.binary(max_size=3),
+    st.sampled_from([2**64, -(2**63) - 1, "lone \ud800", b"x".decode, ABSENT]),
+)
+
+
 @settings(max_examples=150, deadline=None)
 @given(
     st.lists(st.dictionaries(_KEYS, _VALUES, max_size=4), max_size=120),
@@ -226,6 +236,49 @@ def test_any_run_of_samples_round_trips(
     for position, sample in enumerate(samples):
         builder.add(sample, position)
     assert _read_all(b"".join(builder.finish())) == samples
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.dictionaries(st.sampled_from("abc"), _SMALL_VALUES, max_size=3),
+            st.integers(min_value=1, max_value=4),  # repeats: same keys and types
+            st.booleans(),  # end the block after it
+        ),
+        max_size=40,
+    )
+)
+def test_refused_samples_and_block_ends_leave_order_and_content_as_written(
+    steps: list[tuple[dict[str, Any], int, bool]],
+) -> None:
+    """A block's keys come back in the order its samples first show them (docs/format.md
+    §7.4), refused samples change nothing, whichever path (fast or slow) each sample took."""
+    builder = ChunkBuilder(block_bytes=2**40, compressor=FrameCompressor(None, 3))
+    accepted: list[dict[str, Any]] = []
+    expected_keys: list[list[str]] = []
+    block: list[dict[str, Any]] = []
+
+    def close_block() -> None:
+        order = list(dict.fromkeys(key for sample in block for key in sample))
+        expected_keys.extend([key for key in order if key in sample] for sample in block)
+        block.clear()
+
+    for sample, repeats, end in steps:
+        for _ in range(repeats):
+            try:
+                builder.add(sample, len(accepted))
+            except EncodeError:
+                continue
+            accepted.append(sample)
+            block.append(sample)
+        if end:
+            builder.end_block()
+            close_block()
+    close_block()
+    read = _read_all(b"".join(builder.finish()))
+    assert read == accepted
+    assert [list(sample) for sample in read] == expected_keys
 
 
 @pytest.mark.parametrize(
@@ -257,3 +310,38 @@ def test_a_built_chunk_gives_its_bytes_once() -> None:
     assert len(data) == built.size and _read_all(data) == [{"id": 1}]
     with pytest.raises(RuntimeError, match="once"):
         b"".join(built)
+
+
+@pytest.mark.parametrize("bad", [2**64, "lone \ud800"])
+def test_a_refused_first_sample_of_a_block_leaves_no_column_behind(bad: Any) -> None:
+    """Shaped like the last block's samples, it passes the fast path's key and type checks
+    and fails its value check: the new block must not keep its keys."""
+    builder = ChunkBuilder(block_bytes=2**40, compressor=FrameCompressor(None, 3))
+    first = {"a": 1} if isinstance(bad, int) else {"a": "x"}
+    builder.add(first, 0)
+    builder.end_block()
+    with pytest.raises(EncodeError, match="sample 1, key 'a'"):
+        builder.add({"a": bad}, 1)
+    builder.add({"b": 2}, 1)
+    assert _read_all(b"".join(builder.finish())) == [first, {"b": 2}]
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda i: {f"c{j}": (i + j) % 100 for j in range(20)},  # small ints: 1 byte, not 9
+        lambda i: {"text": "日本語のテキスト" * 10, "id": i},  # 3 UTF-8 bytes a character
+        lambda i: {"id": i, "tokens": bytes(2048)},
+    ],
+)
+def test_blocks_hold_about_block_bytes_of_values(make: Any) -> None:
+    samples = [make(i) for i in range(3000)]
+    builder = ChunkBuilder(block_bytes=4096, compressor=FrameCompressor(None, 3))
+    for position, sample in enumerate(samples):
+        builder.add(sample, position)
+    built = builder.finish()
+    data = b"".join(built)
+    blocks = parse_footer(data[built.footer_offset :], "test chunk").footer.blocks
+    value_bytes = sum(len(msgspec.msgpack.encode(v)) for s in samples for v in s.values())
+    exact = value_bytes / 4096  # blocks if each held exactly 4096 bytes of values
+    assert exact * 0.85 <= len(blocks) <= exact * 1.15 + 1

@@ -100,7 +100,9 @@ def _check_utf8(text: str, what: str) -> None:
 
 
 class _FastPath:
-    """What a block's fast path checks a sample against: its keys and its values' types."""
+    """What a block's fast path checks a sample against: its keys and its values' types;
+    and what such a sample's values take beyond the ``len`` of its bytes and strs (``fixed``:
+    a guess, then what the last block sealed with these keys measured)."""
 
     __slots__ = ("fixed", "ints", "keys", "row_of", "sized", "strs", "types", "width")
 
@@ -141,10 +143,9 @@ class ChunkBuilder:
         self._reset_block()
 
     def _reset_block(self) -> None:
-        """Start a block; it keeps the fast path of the last one (a column of it that no
-        sample of this block has is left out when this one is sealed)."""
-        self._keys: list[str] = list(self._fast.keys) if self._fast else []
-        self._key_index: dict[str, int] = {key: j for j, key in enumerate(self._keys)}
+        """Start a block. It keeps the last block's fast path, for a first sample whose keys
+        come in the same order: a block's columns are in the order its samples show them."""
+        self._keys: list[str] = []
         self._rows: list[Sequence[Any]] = []
         self._block_bytes = 0  # an estimate until the block is sealed
 
@@ -167,6 +168,8 @@ class ChunkBuilder:
                 row = fast.row_of(sample)
             except KeyError:  # a key this block's fast path does not know
                 row = None
+            if not rows and row is not None and tuple(sample) != fast.keys:
+                row = None  # a new block takes its columns in its first sample's order
             if row is not None and tuple(map(type, row)) != fast.types:
                 row = None
             if row is not None:  # the checks the slow path makes of plain values
@@ -181,6 +184,8 @@ class ChunkBuilder:
                             break
         if row is not None:
             assert fast is not None
+            if not rows:
+                self._keys = list(fast.keys)
             nbytes = fast.fixed
             for j in fast.sized:
                 nbytes += len(row[j])
@@ -197,11 +202,13 @@ class ChunkBuilder:
         this sample. Changes nothing when it raises."""
         if type(sample) is not dict:
             raise EncodeError(f"sample {position}: expected a dict, got {type(sample).__name__}")
-        index = self._key_index
+        index = {key: j for j, key in enumerate(self._keys)}
         row: list[Any] = [ABSENT] * len(self._keys)
         new_keys: list[str] = []
         nbytes = 0
         for key, value in sample.items():
+            if value is ABSENT:  # the builder's own marker, never a value
+                raise EncodeError(f"sample {position}, key {key!r}: unsupported type Absent")
             j = index.get(key)
             if j is None:
                 if type(key) is not str:
@@ -217,7 +224,13 @@ class ChunkBuilder:
                 continue
             kind = type(value)
             if kind is str and not value.isascii():
-                _check_utf8(value, f"sample {position}, key {self._key_name(j, new_keys)!r}")
+                try:  # UTF-8 bytes, not characters, for the block's size
+                    nbytes += len(value.encode()) - len(value)
+                except UnicodeEncodeError as e:
+                    key = self._key_name(j, new_keys)
+                    raise EncodeError(
+                        f"sample {position}, key {key!r}: a str is not valid UTF-8 ({e.reason})"
+                    ) from None
             if kind in _SIZED:
                 nbytes += len(value) + _PLAIN_SIZES[kind]
             elif kind in _PLAIN_SIZES and (kind is not int or INT_MIN <= value <= INT_MAX):
@@ -232,9 +245,7 @@ class ChunkBuilder:
                     ) from None
                 row[j] = _Encoded(data)
                 nbytes += len(data)
-        for key in new_keys:
-            index[key] = len(self._keys)
-            self._keys.append(key)
+        self._keys += new_keys
         types = tuple(map(type, row))
         plain = len(sample) == len(row) and all(t in _PLAIN_SIZES for t in types)
         self._fast = _FastPath(self._keys, types) if plain and row else None
@@ -263,20 +274,21 @@ class ChunkBuilder:
         frames = [
             self._seal_frame(name, *column)
             for name, column in zip(self._keys, columns, strict=True)
-            if column[0]  # no parts: a column kept from the last block that none of this one has
         ]
+        fast = self._fast
+        if fast is not None and fast.keys == tuple(self._keys):
+            # What its unsized values really took (a small int takes 1 byte, not 9).
+            unsized = sum(sum(c[1]) for j, c in enumerate(columns) if j not in fast.sized)
+            fast.fixed = -(-unsized // len(rows)) + _PLAIN_SIZES[bytes] * len(fast.sized)
         self._blocks.append((len(rows), frames))
         self._num_samples += len(rows)
         self._reset_block()
 
     def _encode_column(self, values: tuple[Any, ...]) -> tuple[list[bytes], list[int], bool]:
         """One column of the block: encoded values as parts, each value's size, and whether
-        some are absent (no parts: all are). Whole-column calls when the values share one
-        plain type."""
+        some are absent. Whole-column calls when the values share one plain type."""
         kinds = set(map(type, values))
         if len(kinds) == 1:
-            if Absent in kinds:
-                return [], [], True
             if bytes in kinds:
                 lengths = list(map(len, values))
                 heads = _bin_headers(lengths)

@@ -216,6 +216,7 @@ _SMALL_VALUES = st.one_of(
     st.text(alphabet="xü", max_size=2),
     st.binary(max_size=3),
     st.sampled_from([2**64, -(2**63) - 1, "lone \ud800", b"x".decode, ABSENT]),
+    st.lists(st.sampled_from([1, "ü", "lone \ud800", b"x".decode]), max_size=2),
 )
 
 
@@ -345,3 +346,27 @@ def test_blocks_hold_about_block_bytes_of_values(make: Any) -> None:
     value_bytes = sum(len(msgspec.msgpack.encode(v)) for s in samples for v in s.values())
     exact = value_bytes / 4096  # blocks if each held exactly 4096 bytes of values
     assert exact * 0.85 <= len(blocks) <= exact * 1.15 + 1
+
+
+def test_samples_with_arrays_and_containers_round_trip_and_bad_ones_are_refused() -> None:
+    """Shapes with values the fast path hands to the checked encoder: numpy arrays, dicts."""
+    np = pytest.importorskip("numpy")
+    samples = [
+        {"id": i, "latent": np.full((2, 3), i, dtype=np.float16), "meta": {"tags": [i, "x"]}}
+        for i in range(40)
+    ]
+    builder = ChunkBuilder(block_bytes=256, compressor=FrameCompressor(None, 3))
+    for position, sample in enumerate(samples):
+        if position == 20:  # shaped like the others, with values the format cannot store
+            bad_array = {"id": 20, "latent": np.array([object()]), "meta": {}}
+            with pytest.raises(EncodeError, match="sample 20, key 'latent'"):
+                builder.add(bad_array, 20)
+            bad_dict = {"id": 20, "latent": sample["latent"], "meta": {"k": object()}}
+            with pytest.raises(EncodeError, match="sample 20, key 'meta'"):
+                builder.add(bad_dict, 20)
+        builder.add(sample, position)
+    read = _read_all(b"".join(builder.finish()))
+    assert [r["id"] for r in read] == list(range(40))
+    for got, want in zip(read, samples, strict=True):
+        assert got["latent"].dtype == np.float16 and np.array_equal(got["latent"], want["latent"])
+        assert got["meta"] == want["meta"]

@@ -78,6 +78,8 @@ _JOIN_BYTES = 2 << 20
 #: ``len``, for bytes and str): the open block's size is an estimate until it is sealed.
 _PLAIN_SIZES: dict[type, int] = {bytes: 3, str: 3, int: 9, float: 9, bool: 1, type(None): 1}
 _SIZED = (bytes, str)
+#: Sample shapes a builder keeps fast paths for (a chunk with more starts over).
+_MAX_SHAPES = 64
 
 #: A sealed frame before its checksum: column, offset, length, raw length, codec, flags, parts.
 _PendingFrame = tuple[int, int, int, int, int, int, list[bytes]]
@@ -100,14 +102,29 @@ def _check_utf8(text: str, what: str) -> None:
 
 
 class _FastPath:
-    """What a block's fast path checks a sample against: its keys and its values' types;
-    and what such a sample's values take beyond the ``len`` of its bytes and strs (``fixed``:
-    a guess, then what the last block sealed with these keys measured)."""
+    """A sample shape: keys in order and the exact type of each value. A sample of this shape
+    skips the slow path's per-key work; its plain values get the same checks inline, and its
+    other values (arrays, containers) are checked and encoded as the slow path does.
+    ``fixed`` is what its values take beyond the ``len`` of its bytes and strs and the encoded
+    size of the others: a guess, then what the last block sealed with these keys measured."""
 
-    __slots__ = ("fixed", "ints", "keys", "row_of", "sized", "strs", "types", "width")
+    __slots__ = (
+        "encoded",
+        "fixed",
+        "index",
+        "ints",
+        "keys",
+        "measured",
+        "row_of",
+        "sized",
+        "strs",
+        "types",
+        "width",
+    )
 
     def __init__(self, keys: Sequence[str], types: tuple[type, ...]) -> None:
         self.keys = tuple(keys)
+        self.index = {key: j for j, key in enumerate(self.keys)}
         self.width = len(keys)
         self.types = types
         getter = itemgetter(*keys)
@@ -115,10 +132,14 @@ class _FastPath:
         self.row_of: Callable[[dict[str, Any]], tuple[Any, ...]] = (
             getter if len(keys) > 1 else lambda sample: (getter(sample),)
         )
-        self.fixed = sum(_PLAIN_SIZES[t] for t in types)
+        self.fixed = sum(_PLAIN_SIZES.get(t, 0) for t in types)
         self.sized = tuple(j for j, t in enumerate(types) if t in _SIZED)
         self.ints = tuple(j for j, t in enumerate(types) if t is int)
         self.strs = tuple(j for j, t in enumerate(types) if t is str)
+        self.encoded = tuple(j for j, t in enumerate(types) if t not in _PLAIN_SIZES)
+        self.measured = tuple(
+            j for j, t in enumerate(types) if t in _PLAIN_SIZES and t not in _SIZED
+        )
 
 
 class ChunkBuilder:
@@ -140,12 +161,14 @@ class ChunkBuilder:
         self._num_samples = 0
         self._raw_streak: dict[str, int] = {}
         self._fast: _FastPath | None = None
+        self._shapes: dict[tuple[tuple[str, ...], tuple[type, ...]], _FastPath] = {}
         self._reset_block()
 
     def _reset_block(self) -> None:
         """Start a block. It keeps the last block's fast path, for a first sample whose keys
         come in the same order: a block's columns are in the order its samples show them."""
         self._keys: list[str] = []
+        self._key_index: dict[str, int] = {}
         self._rows: list[Sequence[Any]] = []
         self._block_bytes = 0  # an estimate until the block is sealed
 
@@ -163,34 +186,48 @@ class ChunkBuilder:
         rows = self._rows
         fast = self._fast
         row: Sequence[Any] | None = None
+        nbytes = 0
         if fast is not None and type(sample) is dict and len(sample) == fast.width:
             try:
                 row = fast.row_of(sample)
-            except KeyError:  # a key this block's fast path does not know
+            except KeyError:  # a key this shape does not have
                 row = None
-            if not rows and row is not None and tuple(sample) != fast.keys:
-                row = None  # a new block takes its columns in its first sample's order
-            if row is not None and tuple(map(type, row)) != fast.types:
+            if row is not None and (
+                tuple(map(type, row)) != fast.types
+                or (not rows and tuple(sample) != fast.keys)  # a block's first sample sets
+            ):  # the order of its columns
                 row = None
-            if row is not None:  # the checks the slow path makes of plain values
-                for j in fast.ints:
-                    if not INT_MIN <= row[j] <= INT_MAX:
-                        row = None
-                        break
-                else:
-                    for j in fast.strs:
-                        if not row[j].isascii():  # maybe a lone surrogate
-                            row = None
-                            break
-        if row is not None:
+        if row is not None:  # the slow path's checks of plain values, and their sizes
             assert fast is not None
-            if not rows:
-                self._keys = list(fast.keys)
             nbytes = fast.fixed
             for j in fast.sized:
                 nbytes += len(row[j])
-        else:
+            for j in fast.ints:
+                if not INT_MIN <= row[j] <= INT_MAX:
+                    row = None  # refused by the slow path, which names it
+                    break
+            else:
+                for j in fast.strs:
+                    text = row[j]
+                    if not text.isascii():
+                        try:  # UTF-8 bytes, not characters, for the block's size
+                            nbytes += len(text.encode()) - len(text)
+                        except UnicodeEncodeError:  # refused by the slow path, which names it
+                            row = None
+                            break
+        if row is None:
             row, nbytes = self._checked_row(sample, position)
+        else:
+            assert fast is not None
+            if fast.encoded:  # arrays and containers: checked and encoded as the slow path does
+                row = list(row)
+                for j in fast.encoded:
+                    data = self._checked_encode(row[j], position, fast.keys[j])
+                    row[j] = _Encoded(data)
+                    nbytes += len(data)
+            if not rows:
+                self._keys = list(fast.keys)
+                self._key_index = dict(fast.index)
         rows.append(row)
         self._block_bytes += nbytes
         if self._block_bytes >= self._block_limit or len(rows) >= MAX_BLOCK_SAMPLES:
@@ -202,7 +239,7 @@ class ChunkBuilder:
         this sample. Changes nothing when it raises."""
         if type(sample) is not dict:
             raise EncodeError(f"sample {position}: expected a dict, got {type(sample).__name__}")
-        index = {key: j for j, key in enumerate(self._keys)}
+        index = self._key_index
         row: list[Any] = [ABSENT] * len(self._keys)
         new_keys: list[str] = []
         nbytes = 0
@@ -219,6 +256,7 @@ class ChunkBuilder:
                 row.append(value)
             else:
                 row[j] = value
+        types = tuple(map(type, row))
         for j, value in enumerate(row):
             if value is ABSENT:
                 continue
@@ -236,20 +274,33 @@ class ChunkBuilder:
             elif kind in _PLAIN_SIZES and (kind is not int or INT_MIN <= value <= INT_MAX):
                 nbytes += _PLAIN_SIZES[kind]
             else:
-                key = self._key_name(j, new_keys)
-                try:
-                    data = self._encode(value, position=position, key=key)
-                except UnicodeEncodeError as e:  # a str in a container that is not UTF-8
-                    raise EncodeError(
-                        f"sample {position}, key {key!r}: a str is not valid UTF-8 ({e.reason})"
-                    ) from None
+                data = self._checked_encode(value, position, self._key_name(j, new_keys))
                 row[j] = _Encoded(data)
                 nbytes += len(data)
-        self._keys += new_keys
-        types = tuple(map(type, row))
-        plain = len(sample) == len(row) and all(t in _PLAIN_SIZES for t in types)
-        self._fast = _FastPath(self._keys, types) if plain and row else None
+        for key in new_keys:
+            index[key] = len(self._keys)
+            self._keys.append(key)
+        self._fast = self._shape(types) if row and len(sample) == len(row) else None
         return row, nbytes
+
+    def _shape(self, types: tuple[type, ...]) -> _FastPath:
+        """The fast path for samples with the block's keys in order and these types: made
+        once per shape, so that samples alternating between shapes do not rebuild it."""
+        shape = (tuple(self._keys), types)
+        fast = self._shapes.get(shape)
+        if fast is None:
+            if len(self._shapes) >= _MAX_SHAPES:
+                self._shapes.clear()
+            fast = self._shapes[shape] = _FastPath(self._keys, types)
+        return fast
+
+    def _checked_encode(self, value: Any, position: int, key: str) -> bytes:
+        try:
+            return self._encode(value, position=position, key=key)
+        except UnicodeEncodeError as e:  # a str in a container that is not UTF-8
+            raise EncodeError(
+                f"sample {position}, key {key!r}: a str is not valid UTF-8 ({e.reason})"
+            ) from None
 
     def _key_name(self, j: int, new_keys: list[str]) -> str:
         keys = self._keys
@@ -278,8 +329,8 @@ class ChunkBuilder:
         fast = self._fast
         if fast is not None and fast.keys == tuple(self._keys):
             # What its unsized values really took (a small int takes 1 byte, not 9).
-            unsized = sum(sum(c[1]) for j, c in enumerate(columns) if j not in fast.sized)
-            fast.fixed = -(-unsized // len(rows)) + _PLAIN_SIZES[bytes] * len(fast.sized)
+            measured = sum(sum(columns[j][1]) for j in fast.measured)
+            fast.fixed = -(-measured // len(rows)) + _PLAIN_SIZES[bytes] * len(fast.sized)
         self._blocks.append((len(rows), frames))
         self._num_samples += len(rows)
         self._reset_block()

@@ -6,6 +6,7 @@ import os
 import random
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -164,6 +165,21 @@ def test_writes_of_many_parts_and_large_parts_keep_every_byte(storage: Storage) 
     parts += [bytes([i % 13]) * 2**19 for i in range(5)]
     storage.write("chunks/parts.chunk", parts)
     assert storage.read("chunks/parts.chunk") == b"".join(parts)
+
+
+def test_a_write_takes_its_buffers_from_an_iterator_once(storage: Storage) -> None:
+    # Chunk writers hand over a generator that makes each buffer as it is asked for.
+    made: list[bytes | memoryview] = []
+
+    def buffers() -> Iterator[bytes | memoryview]:
+        for i in range(40):
+            part = bytes([i]) * (i * 40_000) if i % 3 else memoryview(b"xy" * i)
+            made.append(part)
+            yield part
+
+    storage.write("chunks/streamed.chunk", buffers())
+    assert len(made) == 40
+    assert storage.read("chunks/streamed.chunk") == b"".join(made)
 
 
 def test_a_failed_writeback_hint_is_ignored() -> None:

@@ -1,11 +1,13 @@
 """Writing chunk files: samples in, the file's bytes and footer out (layout in chunk.py).
 
 A block keeps its samples as rows of values until it is sealed, then encodes them column by
-column, a few C calls per column. A writer's CPU is mostly the per-sample loop, so a sample
-shaped like the last one checked (the same keys, values of the same plain types) takes a fast
-path: one C call takes the row out of the dict, one checks its types, and only its ints and
-strs get a look of their own (range, ASCII). Anything else takes the slow path, which checks
-every key and value. Either way a sample that cannot be stored is refused when it is added.
+column, a few C calls per column. A writer's CPU is mostly the per-sample loop, so a sample of
+the shape last seen (its keys in order, the exact type of each value) takes a fast path: one C
+call takes the row out of the dict and one checks its types; its ints and strs get a range and
+UTF-8 check, its arrays and containers the checked encoder. Any other sample takes the slow
+path, which checks every key and value and makes its shape the fast one (shapes are kept, so
+samples alternating between shapes do not rebuild them). Either way a sample that cannot be
+stored is refused when it is added.
 """
 
 from __future__ import annotations
@@ -99,6 +101,10 @@ def _check_utf8(text: str, what: str) -> None:
         text.encode()
     except UnicodeEncodeError:
         raise EncodeError(f"{what} is not valid UTF-8 (a lone surrogate)") from None
+
+
+def _not_utf8(position: int, key: str, error: UnicodeEncodeError) -> EncodeError:
+    return EncodeError(f"sample {position}, key {key!r}: a str is not valid UTF-8 ({error.reason})")
 
 
 class _FastPath:
@@ -265,10 +271,7 @@ class ChunkBuilder:
                 try:  # UTF-8 bytes, not characters, for the block's size
                     nbytes += len(value.encode()) - len(value)
                 except UnicodeEncodeError as e:
-                    key = self._key_name(j, new_keys)
-                    raise EncodeError(
-                        f"sample {position}, key {key!r}: a str is not valid UTF-8 ({e.reason})"
-                    ) from None
+                    raise _not_utf8(position, self._key_name(j, new_keys), e) from None
             if kind in _SIZED:
                 nbytes += len(value) + _PLAIN_SIZES[kind]
             elif kind in _PLAIN_SIZES and (kind is not int or INT_MIN <= value <= INT_MAX):
@@ -298,9 +301,7 @@ class ChunkBuilder:
         try:
             return self._encode(value, position=position, key=key)
         except UnicodeEncodeError as e:  # a str in a container that is not UTF-8
-            raise EncodeError(
-                f"sample {position}, key {key!r}: a str is not valid UTF-8 ({e.reason})"
-            ) from None
+            raise _not_utf8(position, key, e) from None
 
     def _key_name(self, j: int, new_keys: list[str]) -> str:
         keys = self._keys

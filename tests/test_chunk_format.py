@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import struct
 import zlib
 from typing import Any
@@ -15,6 +16,7 @@ from hypothesis import given, settings
 from txstore.errors import ChecksumError, EncodeError, UnsupportedFormatError
 from txstore.format.builder import ChunkBuilder
 from txstore.format.chunk import (
+    MAX_BLOCK_SAMPLES,
     BlockIndex,
     ChunkFooter,
     FrameIndex,
@@ -370,3 +372,96 @@ def test_samples_with_arrays_and_containers_round_trip_and_bad_ones_are_refused(
     for got, want in zip(read, samples, strict=True):
         assert got["latent"].dtype == np.float16 and np.array_equal(got["latent"], want["latent"])
         assert got["meta"] == want["meta"]
+
+
+def _one_at_a_time(
+    samples: list[dict[str, Any]], block_bytes: int
+) -> tuple[bytes, list[tuple[int, str]]]:
+    """The chunk ``add`` makes of the samples, skipping refused ones, and the refusals."""
+    builder = ChunkBuilder(block_bytes=block_bytes, compressor=FrameCompressor(None, 3))
+    refused = []
+    for position, sample in enumerate(samples):
+        try:
+            builder.add(sample, position)
+        except EncodeError as e:
+            refused.append((position, str(e)))
+    return b"".join(builder.finish()), refused
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            # Few shapes, so that neighbours often share one and a refused value (an int out
+            # of range, a lone surrogate) often comes in a list of samples shaped like it.
+            st.sampled_from([("a",), ("a", "b"), ("a", "b", "c")]),
+            st.lists(_SMALL_VALUES, min_size=3, max_size=3),
+            st.integers(min_value=1, max_value=30),  # repeats
+            st.booleans(),  # every other repeat has its keys in reverse order
+        ),
+        max_size=20,
+    ),
+    st.integers(min_value=1, max_value=200),
+    st.lists(st.integers(min_value=1, max_value=70), min_size=1, max_size=8),
+)
+def test_adding_lists_makes_the_chunk_adding_one_at_a_time_makes(
+    steps: list[tuple[tuple[str, ...], list[Any], int, bool]],
+    block_bytes: int,
+    cuts: list[int],
+) -> None:
+    """``add_many`` checks a list of samples in C passes: the same blocks, bytes and
+    refusals (position and message) as ``add``, however the samples are cut into lists."""
+    samples = []
+    for keys, values, repeats, reverse in steps:
+        sample = dict(zip(keys, values, strict=False))  # as many values as keys
+        for k in range(repeats):
+            samples.append(dict(reversed(sample.items())) if reverse and k % 2 else sample)
+    expected, expected_refusals = _one_at_a_time(samples, block_bytes)
+    builder = ChunkBuilder(block_bytes=block_bytes, compressor=FrameCompressor(None, 3))
+    refusals = []
+    start = 0
+    for n in itertools.cycle(cuts):
+        if start >= len(samples):
+            break
+        batch = samples[start : start + n]
+        while batch:
+            try:
+                builder.add_many(batch, start)
+                start += len(batch)
+                batch = []
+            except EncodeError as e:
+                position = int(str(e).split()[1].rstrip(",:"))
+                refusals.append((position, str(e)))
+                batch = batch[position + 1 - start :]
+                start = position + 1
+    assert refusals == expected_refusals
+    assert b"".join(builder.finish()) == expected
+
+
+def test_adding_lists_cuts_blocks_at_the_most_samples_a_block_holds() -> None:
+    samples = [{"a": None}] * (2 * MAX_BLOCK_SAMPLES + 10)
+    expected, _ = _one_at_a_time(samples, 2**40)
+    builder = ChunkBuilder(block_bytes=2**40, compressor=FrameCompressor(None, 3))
+    for start in range(0, len(samples), 1000):
+        builder.add_many(samples[start : start + 1000], start)
+    data = b"".join(builder.finish())
+    blocks = parse_footer(data[layout_start(data) :], "test chunk").footer.blocks
+    assert [b.num_samples for b in blocks] == [MAX_BLOCK_SAMPLES, MAX_BLOCK_SAMPLES, 10]
+    assert data == expected
+
+
+@pytest.mark.parametrize(
+    ("bad", "pattern"), [(2**64, "int 18446744073709551616"), ("\ud800", "UTF-8")]
+)
+def test_adding_a_list_refuses_its_bad_sample_and_keeps_those_before_it(
+    bad: Any, pattern: str
+) -> None:
+    good = [{"a": i, "b": f"x{i}"} for i in range(12)]
+    builder = ChunkBuilder(block_bytes=64, compressor=FrameCompressor(None, 3))
+    builder.add_many(good[:3], 0)
+    shaped_alike = {"a": bad, "b": "y"} if isinstance(bad, int) else {"a": 3, "b": bad}
+    with pytest.raises(EncodeError, match=f"sample 6, key '[ab]': .*{pattern}"):
+        builder.add_many([*good[3:6], shaped_alike, *good[6:9]], 3)
+    assert builder.num_samples == 6
+    builder.add_many(good[6:], 6)
+    assert _read_all(b"".join(builder.finish())) == good

@@ -266,6 +266,31 @@ def test_chunk_size_is_respected(backend: Backend) -> None:
     assert all(s > 60 * 1024 for s in sizes[:-1]), sizes
 
 
+def test_a_writer_keeps_what_it_took_before_an_error(backend: Backend) -> None:
+    """The writer takes samples in lists: those taken before the source raised, or before a
+    sample it refused, are written all the same, and positions carry on from them."""
+    store = _create(backend)
+
+    def source() -> Any:
+        yield from ({"i": i} for i in range(300))
+        raise RuntimeError("the source failed")
+
+    with store.transaction() as txn:
+        writer = txn.writer()
+        with pytest.raises(RuntimeError, match="the source failed"):
+            writer.write(source())
+        refused = [{"i": 300 + j} for j in range(5)] + [{"i": 2**64}, {"i": -1}]
+        with pytest.raises(EncodeError, match="sample 305, key 'i'"):
+            writer.write(refused)
+        writer.write({"i": i} for i in range(305, 310))
+        with pytest.raises(EncodeError, match="sample 310, key 'i'"):
+            writer.write([{"i": 2**64}])
+        part = writer.finish()
+        assert part.num_samples == 310
+        txn.add(part)
+    assert [sample["i"] for sample in store.snapshot()] == list(range(310))
+
+
 def test_compression_shrinks_compressible_data(backend: Backend) -> None:
     text = ("the quick brown fox " * 200).encode()
     raw = _create(

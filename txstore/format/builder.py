@@ -13,8 +13,9 @@ stored is refused when it is added.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Iterator, Sequence
-from itertools import accumulate, zip_longest
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import accumulate, repeat, zip_longest
 from operator import add as plus
 from operator import itemgetter
 from typing import Any
@@ -82,6 +83,9 @@ _PLAIN_SIZES: dict[type, int] = {bytes: 3, str: 3, int: 9, float: 9, bool: 1, ty
 _SIZED = (bytes, str)
 #: Sample shapes a builder keeps fast paths for (a chunk with more starts over).
 _MAX_SHAPES = 64
+#: After a list of samples that mixes shapes, ``add_many`` adds this many more lists one
+#: sample at a time before it checks a whole list in C again.
+_BATCH_BACKOFF = 8
 
 #: A sealed frame before its checksum: column, offset, length, raw length, codec, flags, parts.
 _PendingFrame = tuple[int, int, int, int, int, int, list[bytes]]
@@ -168,6 +172,7 @@ class ChunkBuilder:
         self._raw_streak: dict[str, int] = {}
         self._fast: _FastPath | None = None
         self._shapes: dict[tuple[tuple[str, ...], tuple[type, ...]], _FastPath] = {}
+        self._batch_skips = 0  # lists to add one at a time before trying a C pass again
         self._reset_block()
 
     def _reset_block(self) -> None:
@@ -239,6 +244,76 @@ class ChunkBuilder:
         if self._block_bytes >= self._block_limit or len(rows) >= MAX_BLOCK_SAMPLES:
             self._seal_block()
         return self._size + self._block_bytes
+
+    def add_many(self, samples: list[Any], position: int) -> int:
+        """Add samples in order, as ``add`` does one at a time, and return ``size``. On
+        EncodeError the samples before the refused one are added and the rest are not."""
+        done = 0
+        if self._batch_skips > 0:
+            self._batch_skips -= 1
+        elif self._fast is not None:
+            done = self._add_shaped(samples)
+            if done == 0:
+                self._batch_skips = _BATCH_BACKOFF
+        for k in range(done, len(samples)):
+            self.add(samples[k], position + k)
+        return self._size + self._block_bytes
+
+    def _add_shaped(self, samples: list[Any]) -> int:
+        """Add the samples if all have the fast path's shape and plain values that need no
+        per-sample work: each check is one C pass over the whole list. Returns how many were
+        added: all, none, or those before a block whose first sample has its keys in another
+        order (``add`` then starts that block)."""
+        fast = self._fast
+        if fast is None or fast.encoded or not samples:
+            return 0
+        if set(map(type, samples)) != {dict} or set(map(len, samples)) != {fast.width}:
+            return 0
+        try:
+            rows = list(map(fast.row_of, samples))
+        except KeyError:
+            return 0
+        columns = list(zip(*rows, strict=True))
+        for column, kind in zip(columns, fast.types, strict=True):
+            if set(map(type, column)) != {kind}:
+                return 0
+        for j in fast.ints:
+            if min(columns[j]) < INT_MIN or max(columns[j]) > INT_MAX:
+                return 0
+        for j in fast.strs:
+            if not all(map(str.isascii, columns[j])):
+                return 0
+        # Sizes beyond ``fixed``: the lens of bytes and (ASCII) strs, summed per sample.
+        extra: Iterable[int] = repeat(0, len(rows))
+        for j in fast.sized:
+            lens = map(len, columns[j])
+            extra = lens if j == fast.sized[0] else map(plus, extra, lens)
+        before = list(accumulate(extra, initial=0))
+        start, limit = 0, self._block_limit
+        while start < len(rows):
+            if not self._rows:  # a block's first sample sets the order of its columns
+                if tuple(samples[start]) != fast.keys:
+                    return start
+                self._keys = list(fast.keys)
+                self._key_index = dict(fast.index)
+            # Taking the samples before k fills the block (``add`` would seal it there) once
+            # before[k] + k * fixed reaches ``need``. Large samples often fill it alone.
+            fixed = fast.fixed
+            need = limit - self._block_bytes + before[start] + start * fixed
+            end = start + min(len(rows) - start, MAX_BLOCK_SAMPLES - len(self._rows))
+            stop = start + 1
+            if before[stop] + stop * fixed < need:
+
+                def weighed(k: int, fixed: int = fixed) -> int:
+                    return before[k] + k * fixed
+
+                stop = min(end, stop + bisect_left(range(stop, end + 1), need, key=weighed))
+            self._rows.extend(rows[start:stop])
+            self._block_bytes += before[stop] - before[start] + (stop - start) * fixed
+            if self._block_bytes >= limit or len(self._rows) >= MAX_BLOCK_SAMPLES:
+                self._seal_block()
+            start = stop
+        return start
 
     def _checked_row(self, sample: Any, position: int) -> tuple[list[Any], int]:
         """The slow path: check every key and value, and make the block's fast path match

@@ -15,6 +15,7 @@ from __future__ import annotations
 import struct
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from functools import lru_cache
 from itertools import accumulate, repeat, zip_longest
 from operator import add as plus
 from operator import itemgetter
@@ -63,6 +64,12 @@ def _bin_headers(lengths: list[int]) -> list[bytes]:
     if max(lengths) < len(_SMALL_BIN_HEADERS):
         return list(map(_SMALL_BIN_HEADERS.__getitem__, lengths))
     return list(map(_bin_header, lengths))
+
+
+@lru_cache(maxsize=256)
+def _even_offsets(start: int, size: int, n: int) -> bytes:
+    """A frame's offset table when its ``n`` values take ``size`` bytes each."""
+    return struct.pack(f"<{n}I", *range(start, start + size * n, size))
 
 
 #: After this many frames of a column in a row that zstd could not shrink, try it only on
@@ -418,8 +425,14 @@ class ChunkBuilder:
         if len(kinds) == 1:
             if bytes in kinds:
                 lengths = list(map(len, values))
+                first = lengths[0]
+                if lengths.count(first) == len(lengths):  # one length (tokens, latents)
+                    head = _bin_header(first)
+                    parts = [head] * (2 * len(values))
+                    parts[1::2] = values
+                    return parts, [len(head) + first] * len(values), False
                 heads = _bin_headers(lengths)
-                parts: list[bytes] = [b""] * (2 * len(values))
+                parts = [b""] * (2 * len(values))
                 parts[::2], parts[1::2] = heads, values
                 return parts, list(map(plus, map(len, heads), lengths)), False
             if _Encoded not in kinds:
@@ -452,9 +465,12 @@ class ChunkBuilder:
         self, name: str, parts: list[bytes], sizes: list[int], sparse: bool
     ) -> _PendingFrame:
         column = self._columns.setdefault(name, len(self._columns))
-        head = _array_header(len(sizes))
-        starts = list(accumulate(sizes[:-1], initial=len(head)))
-        table = struct.pack(f"<{len(starts)}I", *starts)
+        n = len(sizes)
+        head = _array_header(n)
+        if sizes.count(sizes[0]) == n:  # values of one size: a table made before
+            table = _even_offsets(len(head), sizes[0], n)
+        else:
+            table = struct.pack(f"<{n}I", *accumulate(sizes[:-1], initial=len(head)))
         raw_length = len(head) + sum(sizes) + len(table)
         codec, stored = CODEC_RAW, [head, *parts, table]
         if self._should_compress(name):

@@ -465,3 +465,23 @@ def test_adding_a_list_refuses_its_bad_sample_and_keeps_those_before_it(
     assert builder.num_samples == 6
     builder.add_many(good[6:], 6)
     assert _read_all(b"".join(builder.finish())) == good
+
+
+def test_a_chunk_keeps_no_object_per_frame_for_the_cyclic_gc() -> None:
+    """Its frames are tuples the GC stops tracking and its footer structs are never tracked:
+    thousands of tracked objects a chunk made full collections of a large heap (a process that
+    imported torch) run during appends, each as long as a W2 append's tenth."""
+    import gc
+
+    builder = ChunkBuilder(block_bytes=256, compressor=FrameCompressor(None, 3))
+    gc.collect()
+    before = len(gc.get_objects())
+    for position in range(2000):  # 2000 blocks of 2 frames
+        builder.add({"id": position, "blob": bytes(300)}, position)
+    gc.collect()
+    assert len(gc.get_objects()) - before < 100
+    data = b"".join(builder.finish())
+    footer = parse_footer(data[layout_start(data) :], "test chunk").footer
+    assert len(footer.blocks) == 2000
+    assert not gc.is_tracked(footer) and not gc.is_tracked(footer.blocks[0])
+    assert not any(gc.is_tracked(frame) for block in footer.blocks for frame in block.frames)

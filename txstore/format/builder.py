@@ -16,7 +16,7 @@ import struct
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import lru_cache
-from itertools import accumulate, repeat, zip_longest
+from itertools import accumulate, islice, repeat, zip_longest
 from operator import add as plus
 from operator import itemgetter
 from typing import Any
@@ -94,8 +94,11 @@ _MAX_SHAPES = 64
 #: sample at a time before it checks a whole list in C again.
 _BATCH_BACKOFF = 8
 
-#: A sealed frame before its checksum: column, offset, length, raw length, codec, flags, parts.
-_PendingFrame = tuple[int, int, int, int, int, int, list[bytes]]
+#: A sealed frame before its checksum: column, offset, length, raw length, codec, flags. A
+#: chunk's frames are kept in flat lists of tuples of ints and of bytes, which the cyclic GC
+#: stops tracking at its first pass: thousands of tracked objects a chunk made full collections
+#: run during appends, each 0.2 s in a process that had imported torch (W2 paid two).
+_FrameMeta = tuple[int, int, int, int, int, int]
 
 
 class _Encoded:
@@ -174,7 +177,7 @@ class ChunkBuilder:
         self._encode_plain = encoder.encode_plain
         self._size = HEADER.size
         self._columns: dict[str, int] = {}
-        self._blocks: list[tuple[int, list[_PendingFrame]]] = []
+        self._sealed = _Sealed()
         self._num_samples = 0
         self._raw_streak: dict[str, int] = {}
         self._fast: _FastPath | None = None
@@ -405,16 +408,14 @@ class ChunkBuilder:
             return
         values_by_column = zip_longest(*rows, fillvalue=ABSENT)
         columns = [self._encode_column(values) for values in values_by_column]
-        frames = [
+        for name, column in zip(self._keys, columns, strict=True):
             self._seal_frame(name, *column)
-            for name, column in zip(self._keys, columns, strict=True)
-        ]
         fast = self._fast
         if fast is not None and fast.keys == tuple(self._keys):
             # What its unsized values really took (a small int takes 1 byte, not 9).
             measured = sum(sum(columns[j][1]) for j in fast.measured)
             fast.fixed = -(-measured // len(rows)) + _PLAIN_SIZES[bytes] * len(fast.sized)
-        self._blocks.append((len(rows), frames))
+        self._sealed.blocks.append((len(rows), len(columns)))
         self._num_samples += len(rows)
         self._reset_block()
 
@@ -461,9 +462,7 @@ class ChunkBuilder:
             sizes.append(len(data))
         return parts, sizes, sparse
 
-    def _seal_frame(
-        self, name: str, parts: list[bytes], sizes: list[int], sparse: bool
-    ) -> _PendingFrame:
+    def _seal_frame(self, name: str, parts: list[bytes], sizes: list[int], sparse: bool) -> None:
         column = self._columns.setdefault(name, len(self._columns))
         n = len(sizes)
         head = _array_header(n)
@@ -472,28 +471,40 @@ class ChunkBuilder:
         else:
             table = struct.pack(f"<{n}I", *accumulate(sizes[:-1], initial=len(head)))
         raw_length = len(head) + sum(sizes) + len(table)
-        codec, stored = CODEC_RAW, [head, *parts, table]
+        codec, stored = CODEC_RAW, (head, *parts, table)
         if self._should_compress(name):
             codec, packed = self._compressor.compress(b"".join(stored))
             if codec == CODEC_RAW:
                 self._raw_streak[name] = self._raw_streak.get(name, 0) + 1
             else:
                 self._raw_streak[name] = 0
-                stored = [packed]
+                stored = (packed,)
         elif name in self._raw_streak:
             self._raw_streak[name] += 1
         length = raw_length if codec == CODEC_RAW else len(stored[0])
         flags = FLAG_SPARSE if sparse else 0
-        frame = (column, self._size, length, raw_length, codec, flags, stored)
+        self._sealed.frames.append((column, self._size, length, raw_length, codec, flags))
+        self._sealed.stored.append(stored)
         self._size += length
-        return frame
 
     def finish(self) -> BuiltChunk:
         """The chunk, to be iterated once for its bytes; the builder is spent."""
         self._seal_block()
-        built = BuiltChunk(self._blocks, list(self._columns), self._num_samples, self._size)
-        self._blocks = []
+        built = BuiltChunk(self._sealed, list(self._columns), self._num_samples, self._size)
+        self._sealed = _Sealed()
         return built
+
+
+class _Sealed:
+    """A chunk's sealed blocks: (samples, frames) per block, and per frame its metadata and
+    its stored parts, in flat lists."""
+
+    __slots__ = ("blocks", "frames", "stored")
+
+    def __init__(self) -> None:
+        self.blocks: list[tuple[int, int]] = []
+        self.frames: list[_FrameMeta] = []
+        self.stored: list[tuple[bytes, ...]] = []
 
 
 class BuiltChunk:
@@ -503,12 +514,12 @@ class BuiltChunk:
 
     def __init__(
         self,
-        blocks: list[tuple[int, list[_PendingFrame]]],
+        sealed: _Sealed,
         columns: list[str],
         num_samples: int,
         footer_offset: int,
     ) -> None:
-        self._blocks = blocks
+        self._sealed = sealed
         self._columns = columns
         self.num_samples = num_samples
         self.footer_offset = footer_offset
@@ -521,32 +532,36 @@ class BuiltChunk:
             raise RuntimeError("a BuiltChunk is iterated once")
         self._consumed = True
         run = _Run(HEADER.pack(CHUNK_MAGIC, CHUNK_MAJOR, CHUNK_MINOR))
-        blocks = []
-        for n, frames in self._blocks:
-            indexes = []
-            for column, offset, length, raw, codec, flags, stored in frames:
-                index = [column, offset, length, raw, codec, 0, flags]
-                indexes.append(index)
-                if length < _JOIN_BELOW * len(stored):
-                    run.add(index, stored, length)
-                    if run.size >= _JOIN_BYTES:
-                        yield run.flush()
-                    continue
-                if run.size:
-                    yield run.flush()
-                index[5] = frame_checksum(stored)
-                yield from stored
-            blocks.append((n, indexes))
-        self._blocks = []
+        sealed, self._sealed = self._sealed, _Sealed()
+        checksums: list[int] = []  # the frames', filled in as each is written
+        for meta, stored in zip(sealed.frames, sealed.stored, strict=True):
+            length = meta[2]
+            if length < _JOIN_BELOW * len(stored):
+                run.add(len(checksums), stored, length)
+                checksums.append(0)
+                if run.size >= _JOIN_BYTES:
+                    yield run.flush(checksums)
+                continue
+            if run.size:
+                yield run.flush(checksums)
+            checksums.append(frame_checksum(stored))
+            yield from stored
+        sealed.stored.clear()
         if run.size:
-            yield run.flush()
+            yield run.flush(checksums)
+        indexes = iter(
+            FrameIndex(column, offset, length, raw, codec, checksum, flags)
+            for (column, offset, length, raw, codec, flags), checksum in zip(
+                sealed.frames, checksums, strict=True
+            )
+        )
         footer = msgspec.msgpack.encode(
             ChunkFooter(
                 CHUNK_MAJOR,
                 CHUNK_MINOR,
                 self.num_samples,
                 self._columns,
-                [BlockIndex(n, [FrameIndex(*index) for index in frames]) for n, frames in blocks],
+                [BlockIndex(n, tuple(islice(indexes, count))) for n, count in sealed.blocks],
             )
         )
         trailer = TRAILER.pack(len(footer), crc32(footer), TRAILER_MAGIC)
@@ -562,17 +577,17 @@ class _Run:
     def __init__(self, first: bytes) -> None:
         self.parts: list[bytes] = [first]
         self.size = len(first)
-        self.frames: list[tuple[list[int], int, int]] = []  # index, start in the run, length
+        self.frames: list[tuple[int, int, int]] = []  # checksum slot, start in the run, length
 
-    def add(self, index: list[int], stored: list[bytes], length: int) -> None:
-        self.frames.append((index, self.size, length))
+    def add(self, slot: int, stored: tuple[bytes, ...], length: int) -> None:
+        self.frames.append((slot, self.size, length))
         self.parts += stored
         self.size += length
 
-    def flush(self) -> bytes:
+    def flush(self, checksums: list[int]) -> bytes:
         joined = b"".join(self.parts)
         view = memoryview(joined)
-        for index, start, length in self.frames:
-            index[5] = frame_checksum([view[start : start + length]])
+        for slot, start, length in self.frames:
+            checksums[slot] = frame_checksum([view[start : start + length]])
         self.parts, self.size, self.frames = [], 0, []
         return joined

@@ -6,8 +6,9 @@ the shape last seen (its keys in order, the exact type of each value) takes a fa
 call takes the row out of the dict and one checks its types; its ints and strs get a range and
 UTF-8 check, its arrays and containers the checked encoder. Any other sample takes the slow
 path, which checks every key and value and makes its shape the fast one (shapes are kept, so
-samples alternating between shapes do not rebuild them). Either way a sample that cannot be
-stored is refused when it is added.
+samples alternating between shapes do not rebuild them). ``add_many`` takes a list of samples
+of the fast path's shape with one C pass per check over the whole list. Either way a sample
+that cannot be stored is refused when it is added.
 """
 
 from __future__ import annotations

@@ -374,6 +374,9 @@ def test_samples_with_arrays_and_containers_round_trip_and_bad_ones_are_refused(
         assert got["meta"] == want["meta"]
 
 
+NO_LIMIT = 2**62  # a chunk size add_many never reaches
+
+
 def _one_at_a_time(
     samples: list[dict[str, Any]], block_bytes: int
 ) -> tuple[bytes, list[tuple[int, str]]]:
@@ -426,7 +429,7 @@ def test_adding_lists_makes_the_chunk_adding_one_at_a_time_makes(
         batch = samples[start : start + n]
         while batch:
             try:
-                builder.add_many(batch, start)
+                assert builder.add_many(batch, start, NO_LIMIT) == len(batch)
                 start += len(batch)
                 batch = []
             except EncodeError as e:
@@ -436,6 +439,19 @@ def test_adding_lists_makes_the_chunk_adding_one_at_a_time_makes(
                 start = position + 1
     assert refusals == expected_refusals
     assert b"".join(builder.finish()) == expected
+    # From an iterator, each sample added before the next is taken; after a refusal the
+    # same iterator goes on from just past the refused sample.
+    builder = ChunkBuilder(block_bytes=block_bytes, compressor=FrameCompressor(None, 3))
+    source = iter(samples)
+    refusals = []
+    while True:
+        try:
+            if builder.add_from(source, builder.num_samples + len(refusals), NO_LIMIT) == 0:
+                break
+        except EncodeError as e:
+            refusals.append((int(str(e).split()[1].rstrip(",:")), str(e)))
+    assert refusals == expected_refusals
+    assert b"".join(builder.finish()) == expected
 
 
 def test_adding_lists_cuts_blocks_at_the_most_samples_a_block_holds() -> None:
@@ -443,11 +459,14 @@ def test_adding_lists_cuts_blocks_at_the_most_samples_a_block_holds() -> None:
     expected, _ = _one_at_a_time(samples, 2**40)
     builder = ChunkBuilder(block_bytes=2**40, compressor=FrameCompressor(None, 3))
     for start in range(0, len(samples), 1000):
-        builder.add_many(samples[start : start + 1000], start)
+        builder.add_many(samples[start : start + 1000], start, NO_LIMIT)
     data = b"".join(builder.finish())
     blocks = parse_footer(data[layout_start(data) :], "test chunk").footer.blocks
     assert [b.num_samples for b in blocks] == [MAX_BLOCK_SAMPLES, MAX_BLOCK_SAMPLES, 10]
     assert data == expected
+    builder = ChunkBuilder(block_bytes=2**40, compressor=FrameCompressor(None, 3))
+    assert builder.add_from(iter(samples), 0, NO_LIMIT) == len(samples)
+    assert b"".join(builder.finish()) == expected
 
 
 @pytest.mark.parametrize(
@@ -458,12 +477,12 @@ def test_adding_a_list_refuses_its_bad_sample_and_keeps_those_before_it(
 ) -> None:
     good = [{"a": i, "b": f"x{i}"} for i in range(12)]
     builder = ChunkBuilder(block_bytes=64, compressor=FrameCompressor(None, 3))
-    builder.add_many(good[:3], 0)
+    builder.add_many(good[:3], 0, NO_LIMIT)
     shaped_alike = {"a": bad, "b": "y"} if isinstance(bad, int) else {"a": 3, "b": bad}
     with pytest.raises(EncodeError, match=f"sample 6, key '[ab]': .*{pattern}"):
-        builder.add_many([*good[3:6], shaped_alike, *good[6:9]], 3)
+        builder.add_many([*good[3:6], shaped_alike, *good[6:9]], 3, NO_LIMIT)
     assert builder.num_samples == 6
-    builder.add_many(good[6:], 6)
+    builder.add_many(good[6:], 6, NO_LIMIT)
     assert _read_all(b"".join(builder.finish())) == good
 
 
@@ -485,3 +504,45 @@ def test_a_chunk_keeps_no_object_per_frame_for_the_cyclic_gc() -> None:
     assert len(footer.blocks) == 2000
     assert not gc.is_tracked(footer) and not gc.is_tracked(footer.blocks[0])
     assert not any(gc.is_tracked(frame) for block in footer.blocks for frame in block.frames)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(min_value=0, max_value=400),  # the length of each sample's bytes
+            st.integers(min_value=1, max_value=200),  # samples like it in a row
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+    st.integers(min_value=1, max_value=3000),
+    st.integers(min_value=1, max_value=60_000),
+)
+def test_adding_a_list_stops_where_the_chunk_fills_as_one_at_a_time_does(
+    steps: list[tuple[int, int]], block_bytes: int, limit: int
+) -> None:
+    """A writer starts a new chunk once ``size`` reaches the chunk size: ``add_many`` stops
+    right after the sample that gets it there, wherever that is in a block."""
+    samples = [{"i": k % 4, "b": bytes(length)} for length, n in steps for k in range(n)]
+    one = ChunkBuilder(block_bytes=block_bytes, compressor=FrameCompressor(None, 3))
+    expected = len(samples)
+    for position, sample in enumerate(samples):
+        if one.add(sample, position) >= limit:
+            expected = position + 1
+            break
+    many = ChunkBuilder(block_bytes=block_bytes, compressor=FrameCompressor(None, 3))
+    added = 0
+    while added < len(samples):  # lists as a writer cuts them, warming up the fast path
+        n = many.add_many(samples[added : added + 37], added, limit)
+        added += n
+        if many.size >= limit:
+            break
+    taken = ChunkBuilder(block_bytes=block_bytes, compressor=FrameCompressor(None, 3))
+    source = iter(samples)
+    assert taken.add_from(source, 0, limit) == expected
+    assert next(source, None) is (samples[expected] if expected < len(samples) else None)
+    assert added == expected
+    chunk = b"".join(one.finish())
+    assert b"".join(many.finish()) == chunk
+    assert b"".join(taken.finish()) == chunk

@@ -291,6 +291,33 @@ def test_a_writer_keeps_what_it_took_before_an_error(backend: Backend) -> None:
     assert [sample["i"] for sample in store.snapshot()] == list(range(310))
 
 
+def test_a_source_may_reuse_its_dict_and_go_on_after_a_refusal(backend: Backend) -> None:
+    """An iterator is taken one sample at a time, each added before the next is taken."""
+    store = _create(backend)
+
+    def reusing() -> Any:
+        sample: dict[str, Any] = {}
+        for i in range(600):
+            sample["i"] = 2**64 if i == 300 else i
+            yield sample
+
+    with store.transaction() as txn:
+        writer = txn.writer()
+        source = reusing()
+        with pytest.raises(EncodeError, match="sample 300, key 'i'"):
+            writer.write(source)
+        writer.write(source)  # on from just past the refused sample
+        txn.add(writer.finish())
+    assert [sample["i"] for sample in store.snapshot()] == [*range(300), *range(301, 600)]
+
+
+def test_chunks_of_a_list_stay_near_chunk_bytes_when_samples_grow(backend: Backend) -> None:
+    store = _create(backend, chunk_bytes="1MiB", compression=None)
+    store.append([{"b": bytes(100)}] * 3000 + [{"b": bytes(100_000)}] * 40)
+    sizes = [chunk.size for chunk in store.snapshot().chunks()]
+    assert max(sizes) < 2**20 + 110_000, sizes
+
+
 def test_compression_shrinks_compressible_data(backend: Backend) -> None:
     text = ("the quick brown fox " * 200).encode()
     raw = _create(

@@ -7,7 +7,8 @@ call takes the row out of the dict and one checks its types; its ints and strs g
 UTF-8 check, its arrays and containers the checked encoder. Any other sample takes the slow
 path, which checks every key and value and makes its shape the fast one (shapes are kept, so
 samples alternating between shapes do not rebuild them). ``add_many`` takes a list of samples
-of the fast path's shape with one C pass per check over the whole list. Either way a sample
+of the fast path's shape with one C pass per check over the whole list; ``add_from`` takes an
+iterator's samples one at a time, in a loop without a call per sample. Either way a sample
 that cannot be stored is refused when it is added.
 """
 
@@ -16,7 +17,6 @@ from __future__ import annotations
 import struct
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from functools import lru_cache
 from itertools import accumulate, islice, repeat, zip_longest
 from operator import add as plus
 from operator import itemgetter
@@ -67,12 +67,6 @@ def _bin_headers(lengths: list[int]) -> list[bytes]:
     return list(map(_bin_header, lengths))
 
 
-@lru_cache(maxsize=256)
-def _even_offsets(start: int, size: int, n: int) -> bytes:
-    """A frame's offset table when its ``n`` values take ``size`` bytes each."""
-    return struct.pack(f"<{n}I", *range(start, start + size * n, size))
-
-
 #: After this many frames of a column in a row that zstd could not shrink, try it only on
 #: every ``_PROBE_EVERY``-th frame: incompressible columns (JPEG, tokens) stop paying for it.
 #: (A slice of the frame is no cheaper a probe: a frame that repeats a value larger than the
@@ -94,6 +88,7 @@ _MAX_SHAPES = 64
 #: After a list of samples that mixes shapes, ``add_many`` adds this many more lists one
 #: sample at a time before it checks a whole list in C again.
 _BATCH_BACKOFF = 8
+_END = object()  # the end of a source
 
 #: A sealed frame before its checksum: column, offset, length, raw length, codec, flags. A
 #: chunk's frames are kept in flat lists of tuples of ints and of bytes, which the cyclic GC
@@ -184,6 +179,7 @@ class ChunkBuilder:
         self._fast: _FastPath | None = None
         self._shapes: dict[tuple[tuple[str, ...], tuple[type, ...]], _FastPath] = {}
         self._batch_skips = 0  # lists to add one at a time before trying a C pass again
+        self._even_tables: dict[tuple[int, int, int], bytes] = {}
         self._reset_block()
 
     def _reset_block(self) -> None:
@@ -256,25 +252,100 @@ class ChunkBuilder:
             self._seal_block()
         return self._size + self._block_bytes
 
-    def add_many(self, samples: list[Any], position: int) -> int:
-        """Add samples in order, as ``add`` does one at a time, and return ``size``. On
-        EncodeError the samples before the refused one are added and the rest are not."""
+    def add_many(self, samples: Sequence[Any], position: int, limit: int) -> int:
+        """Add samples in order, as ``add`` does one at a time, until ``size`` reaches
+        ``limit`` (a chunk's size); return how many were added. On EncodeError the samples
+        before the refused one are added and the rest are not."""
         done = 0
         if self._batch_skips > 0:
             self._batch_skips -= 1
         elif self._fast is not None:
-            done = self._add_shaped(samples)
+            done = self._add_shaped(samples, limit)
             if done == 0:
                 self._batch_skips = _BATCH_BACKOFF
+            elif self.size >= limit:
+                return done
         for k in range(done, len(samples)):
-            self.add(samples[k], position + k)
-        return self._size + self._block_bytes
+            if self.add(samples[k], position + k) >= limit:
+                return k + 1
+        return len(samples)
 
-    def _add_shaped(self, samples: list[Any]) -> int:
+    def add_from(self, source: Iterator[Any], position: int, limit: int) -> int:
+        """Add samples taken from ``source`` one at a time, each added (or refused) before the
+        next is taken, as ``add`` does, until ``size`` reaches ``limit`` or the source ends;
+        return how many were added. Samples of the fast path's shape whose values are bytes,
+        ints, floats, bools or None run in a loop of local variables: no call per sample."""
+        added = 0
+        while True:
+            fast, rows = self._fast, self._rows
+            if fast is None or fast.encoded or fast.strs or not rows:
+                sample = next(source, _END)
+                if sample is _END:
+                    return added
+                added += 1
+                if self.add(sample, position + added - 1) >= limit:
+                    return added
+                continue
+            width, types, row_of, sized, ints = (
+                fast.width,
+                fast.types,
+                fast.row_of,
+                fast.sized,
+                fast.ints,
+            )
+            fixed, block_limit, sealed = fast.fixed, self._block_limit, self._size
+            block_bytes, append, other = self._block_bytes, rows.append, None
+            try:  # the block's size stays right if the source raises
+                for sample in source:
+                    try:
+                        row = (
+                            row_of(sample)
+                            if type(sample) is dict and len(sample) == width
+                            else None
+                        )
+                    except KeyError:  # a key this shape does not have
+                        row = None
+                    if row is None or tuple(map(type, row)) != types:
+                        other = sample
+                        break
+                    for j in ints:
+                        if not INT_MIN <= row[j] <= INT_MAX:
+                            other = sample
+                            break
+                    if other is not None:
+                        break
+                    nbytes = fixed
+                    for j in sized:
+                        nbytes += len(row[j])
+                    append(row)
+                    block_bytes += nbytes
+                    added += 1
+                    if (
+                        block_bytes >= block_limit
+                        or len(rows) >= MAX_BLOCK_SAMPLES
+                        or sealed + block_bytes >= limit
+                    ):
+                        break
+                else:
+                    return added
+            finally:
+                self._block_bytes = block_bytes
+            if other is not None:  # not on the fast path: ``add`` checks it, and may refuse it
+                added += 1
+                if self.add(other, position + added - 1) >= limit:
+                    return added
+                continue
+            if block_bytes >= block_limit or len(rows) >= MAX_BLOCK_SAMPLES:
+                self._seal_block()
+            if self.size >= limit:
+                return added
+
+    def _add_shaped(self, samples: Sequence[Any], limit: int) -> int:
         """Add the samples if all have the fast path's shape and plain values that need no
         per-sample work: each check is one C pass over the whole list. Returns how many were
-        added: all, none, or those before a block whose first sample has its keys in another
-        order (``add`` then starts that block)."""
+        added: all, none, those up to the one that brings ``size`` to ``limit``, or those
+        before a block whose first sample has its keys in another order (``add`` then starts
+        that block)."""
         fast = self._fast
         if fast is None or fast.encoded or not samples:
             return 0
@@ -300,17 +371,18 @@ class ChunkBuilder:
             lens = map(len, columns[j])
             extra = lens if j == fast.sized[0] else map(plus, extra, lens)
         before = list(accumulate(extra, initial=0))
-        start, limit = 0, self._block_limit
+        start = 0
         while start < len(rows):
             if not self._rows:  # a block's first sample sets the order of its columns
                 if tuple(samples[start]) != fast.keys:
                     return start
                 self._keys = list(fast.keys)
                 self._key_index = dict(fast.index)
-            # Taking the samples before k fills the block (``add`` would seal it there) once
-            # before[k] + k * fixed reaches ``need``. Large samples often fill it alone.
+            # Taking the samples before k fills the block (``add`` would seal it there) or the
+            # chunk once before[k] + k * fixed reaches ``need``. Large samples often do alone.
             fixed = fast.fixed
-            need = limit - self._block_bytes + before[start] + start * fixed
+            room = min(self._block_limit - self._block_bytes, limit - self.size)
+            need = room + before[start] + start * fixed
             end = start + min(len(rows) - start, MAX_BLOCK_SAMPLES - len(self._rows))
             stop = start + 1
             if before[stop] + stop * fixed < need:
@@ -321,9 +393,11 @@ class ChunkBuilder:
                 stop = min(end, stop + bisect_left(range(stop, end + 1), need, key=weighed))
             self._rows.extend(rows[start:stop])
             self._block_bytes += before[stop] - before[start] + (stop - start) * fixed
-            if self._block_bytes >= limit or len(self._rows) >= MAX_BLOCK_SAMPLES:
+            if self._block_bytes >= self._block_limit or len(self._rows) >= MAX_BLOCK_SAMPLES:
                 self._seal_block()
             start = stop
+            if self.size >= limit:
+                break
         return start
 
     def _checked_row(self, sample: Any, position: int) -> tuple[list[Any], int]:
@@ -468,7 +542,8 @@ class ChunkBuilder:
         n = len(sizes)
         head = _array_header(n)
         if sizes.count(sizes[0]) == n:  # values of one size: a table made before
-            table = _even_offsets(len(head), sizes[0], n)
+            shape = (len(head), sizes[0], n)
+            table = self._even_tables.get(shape) or self._even_table(*shape)
         else:
             table = struct.pack(f"<{n}I", *accumulate(sizes[:-1], initial=len(head)))
         raw_length = len(head) + sum(sizes) + len(table)
@@ -487,6 +562,15 @@ class ChunkBuilder:
         self._sealed.frames.append((column, self._size, length, raw_length, codec, flags))
         self._sealed.stored.append(stored)
         self._size += length
+
+    def _even_table(self, start: int, size: int, n: int) -> bytes:
+        """A frame's offset table when its ``n`` values take ``size`` bytes each, kept for the
+        next frame like it (a few shapes per column)."""
+        if len(self._even_tables) >= _MAX_SHAPES:
+            self._even_tables.clear()
+        table = struct.pack(f"<{n}I", *range(start, start + size * n, size))
+        self._even_tables[start, size, n] = table
+        return table
 
     def finish(self) -> BuiltChunk:
         """The chunk, to be iterated once for its bytes; the builder is spent."""

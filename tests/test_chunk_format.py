@@ -377,6 +377,11 @@ def test_samples_with_arrays_and_containers_round_trip_and_bad_ones_are_refused(
 NO_LIMIT = 2**62  # a chunk size add_many never reaches
 
 
+def _refused_at(error: EncodeError) -> int:
+    """The position an EncodeError names ("sample 12, key 'a': ...")."""
+    return int(str(error).split()[1].rstrip(",:"))
+
+
 def _one_at_a_time(
     samples: list[dict[str, Any]], block_bytes: int
 ) -> tuple[bytes, list[tuple[int, str]]]:
@@ -433,7 +438,7 @@ def test_adding_lists_makes_the_chunk_adding_one_at_a_time_makes(
                 start += len(batch)
                 batch = []
             except EncodeError as e:
-                position = int(str(e).split()[1].rstrip(",:"))
+                position = _refused_at(e)
                 refusals.append((position, str(e)))
                 batch = batch[position + 1 - start :]
                 start = position + 1
@@ -449,7 +454,7 @@ def test_adding_lists_makes_the_chunk_adding_one_at_a_time_makes(
             if builder.add_from(source, builder.num_samples + len(refusals), NO_LIMIT) == 0:
                 break
         except EncodeError as e:
-            refusals.append((int(str(e).split()[1].rstrip(",:")), str(e)))
+            refusals.append((_refused_at(e), str(e)))
     assert refusals == expected_refusals
     assert b"".join(builder.finish()) == expected
 

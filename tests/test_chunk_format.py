@@ -551,3 +551,45 @@ def test_adding_a_list_stops_where_the_chunk_fills_as_one_at_a_time_does(
     chunk = b"".join(one.finish())
     assert b"".join(many.finish()) == chunk
     assert b"".join(taken.finish()) == chunk
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.integers(min_value=0, max_value=len(SAMPLES)), max_size=12),
+    st.sampled_from([None, "zstd"]),
+    st.sampled_from([512, 4096, 70_000]),
+)
+def test_a_chunk_stored_while_it_is_built_has_the_bytes_of_one_built_first(
+    cuts: list[int], compression: str | None, block_bytes: int
+) -> None:
+    """A writer stores a chunk's sealed frames while more samples are added (``stream``),
+    then the rest once it is finished: the file is the one ``finish`` alone gives, wherever
+    the hand-offs fall (inside runs of small frames being joined, between a large frame's
+    pieces, before any frame is sealed)."""
+
+    def build(hand_offs: set[int]) -> bytes:
+        builder = ChunkBuilder(block_bytes=block_bytes, compressor=FrameCompressor(compression, 3))
+        stream = builder.stream()
+        out: list[bytes] = []
+        for position, sample in enumerate(SAMPLES):
+            if position in hand_offs:
+                out += map(bytes, stream.pieces(builder.sealed_frames))
+            builder.add(sample, position)
+        built = builder.finish()
+        out += map(bytes, built)
+        assert built.size == sum(map(len, out))
+        return b"".join(out)
+
+    streamed = build(set(cuts))
+    assert streamed == build(set())
+    assert _read_all(streamed) == SAMPLES
+
+
+def test_a_stream_gives_a_tail_only_after_every_frame() -> None:
+    builder = ChunkBuilder(block_bytes=512, compressor=FrameCompressor(None, 3))
+    for position, sample in enumerate(SAMPLES[:50]):
+        builder.add(sample, position)
+    stream = builder.stream()
+    list(stream.pieces(builder.sealed_frames - 1))
+    with pytest.raises(RuntimeError, match="after all its frames"):
+        list(stream.tail(["id"], 50, 0))

@@ -174,6 +174,7 @@ class ChunkBuilder:
         self._size = HEADER.size
         self._columns: dict[str, int] = {}
         self._sealed = _Sealed()
+        self._stream: ChunkStream | None = None
         self._num_samples = 0
         self._raw_streak: dict[str, int] = {}
         self._fast: _FastPath | None = None
@@ -572,11 +573,25 @@ class ChunkBuilder:
         self._even_tables[start, size, n] = table
         return table
 
+    @property
+    def sealed_frames(self) -> int:
+        """Frames sealed so far: ``stream().pieces`` may be asked for the bytes of these."""
+        return len(self._sealed.frames)
+
+    def stream(self) -> ChunkStream:
+        """The chunk's bytes as its frames are sealed, for a writer that stores them while
+        this builder still takes samples (on another thread: frames are appended to lists
+        that the stream reads only below ``sealed_frames``)."""
+        if self._stream is None:
+            self._stream = ChunkStream(self._sealed)
+        return self._stream
+
     def finish(self) -> BuiltChunk:
-        """The chunk, to be iterated once for its bytes; the builder is spent."""
+        """The chunk, to be iterated once for its bytes (those ``stream`` gave already
+        excepted); the builder is spent."""
         self._seal_block()
-        built = BuiltChunk(self._sealed, list(self._columns), self._num_samples, self._size)
-        self._sealed = _Sealed()
+        built = BuiltChunk(self.stream(), list(self._columns), self._num_samples, self._size)
+        self._sealed, self._stream = _Sealed(), None
         return built
 
 
@@ -592,68 +607,103 @@ class _Sealed:
         self.stored: list[tuple[bytes, ...]] = []
 
 
-class BuiltChunk:
-    """A finished chunk. Iterating it (once) gives the file's bytes in order, checksumming
-    the frames as it goes: a writer does that on its upload thread while the next chunk
-    encodes. ``size`` and ``crc32`` are known once it has been iterated."""
+class ChunkStream:
+    """A chunk file's bytes in order, given as its frames are sealed: the header and frames
+    by ``pieces``, the footer by ``tail``. Frames are checksummed as they are given (on the
+    writer's upload thread, not the encoding one), and small ones joined into runs."""
 
-    def __init__(
-        self,
-        sealed: _Sealed,
-        columns: list[str],
-        num_samples: int,
-        footer_offset: int,
-    ) -> None:
+    def __init__(self, sealed: _Sealed) -> None:
         self._sealed = sealed
-        self._columns = columns
-        self.num_samples = num_samples
-        self.footer_offset = footer_offset
+        self._run = _Run(HEADER.pack(CHUNK_MAGIC, CHUNK_MAJOR, CHUNK_MINOR))
+        self._checksums: list[int] = []  # the frames', filled in as each is written
+        self._given = 0  # frames given so far
         self.size = -1
         self.crc32 = -1
-        self._consumed = False
 
-    def __iter__(self) -> Iterator[bytes | memoryview]:
-        if self._consumed:
-            raise RuntimeError("a BuiltChunk is iterated once")
-        self._consumed = True
-        run = _Run(HEADER.pack(CHUNK_MAGIC, CHUNK_MAJOR, CHUNK_MINOR))
-        sealed, self._sealed = self._sealed, _Sealed()
-        checksums: list[int] = []  # the frames', filled in as each is written
-        for meta, stored in zip(sealed.frames, sealed.stored, strict=True):
-            length = meta[2]
-            if length < _JOIN_BELOW * len(stored):
-                run.add(len(checksums), stored, length)
+    def pieces(self, upto: int | None = None) -> Iterator[bytes | memoryview]:
+        """The bytes of frames [given so far, ``upto``) (all sealed ones for None); a run of
+        small frames that has not reached ``_JOIN_BYTES`` waits for the next call."""
+        frames, stored = self._sealed.frames, self._sealed.stored
+        upto = len(frames) if upto is None else upto
+        run, checksums = self._run, self._checksums
+        first, self._given = self._given, max(self._given, upto)
+        for number in range(first, upto):
+            parts = stored[number]
+            stored[number] = ()  # the caller's values can go once they are written
+            length = frames[number][2]
+            if length < _JOIN_BELOW * len(parts):
+                run.add(number, parts, length)
                 checksums.append(0)
                 if run.size >= _JOIN_BYTES:
                     yield run.flush(checksums)
                 continue
             if run.size:
                 yield run.flush(checksums)
-            checksums.append(frame_checksum(stored))
-            yield from stored
+            checksums.append(frame_checksum(parts))
+            yield from parts
+
+    def tail(
+        self, columns: list[str], num_samples: int, footer_offset: int
+    ) -> Iterator[bytes | memoryview]:
+        """The last run and the footer, once every frame has been given."""
+        sealed = self._sealed
+        if self._given != len(sealed.frames):
+            raise RuntimeError("a chunk's tail comes after all its frames")
+        if self._run.size:
+            yield self._run.flush(self._checksums)
         sealed.stored.clear()
-        if run.size:
-            yield run.flush(checksums)
         indexes = iter(
             FrameIndex(column, offset, length, raw, codec, checksum, flags)
             for (column, offset, length, raw, codec, flags), checksum in zip(
-                sealed.frames, checksums, strict=True
+                sealed.frames, self._checksums, strict=True
             )
         )
         footer = msgspec.msgpack.encode(
             ChunkFooter(
                 CHUNK_MAJOR,
                 CHUNK_MINOR,
-                self.num_samples,
-                self._columns,
+                num_samples,
+                columns,
                 [BlockIndex(n, tuple(islice(indexes, count))) for n, count in sealed.blocks],
             )
         )
         trailer = TRAILER.pack(len(footer), crc32(footer), TRAILER_MAGIC)
         self.crc32 = crc32(trailer, crc32(footer))
-        self.size = self.footer_offset + len(footer) + len(trailer)
+        self.size = footer_offset + len(footer) + len(trailer)
         yield footer
         yield trailer
+
+
+class BuiltChunk:
+    """A finished chunk. Iterating it (once) gives the file's bytes in order that its stream
+    has not given yet, checksumming the frames as it goes: a writer does that on its upload
+    thread while the next chunk encodes. ``size`` and ``crc32`` are known once it has been
+    iterated."""
+
+    def __init__(
+        self, stream: ChunkStream, columns: list[str], num_samples: int, footer_offset: int
+    ) -> None:
+        self._stream = stream
+        self._columns = columns
+        self.num_samples = num_samples
+        self.footer_offset = footer_offset
+        self._consumed = False
+
+    @property
+    def size(self) -> int:
+        return self._stream.size
+
+    @property
+    def crc32(self) -> int:
+        return self._stream.crc32
+
+    def __iter__(self) -> Iterator[bytes | memoryview]:
+        if self._consumed:
+            raise RuntimeError("a BuiltChunk is iterated once")
+        self._consumed = True
+        stream = self._stream
+        yield from stream.pieces()
+        yield from stream.tail(self._columns, self.num_samples, self.footer_offset)
 
 
 class _Run:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
+import weakref
 from collections.abc import Iterable
 from typing import Any
 
@@ -81,6 +82,11 @@ class StagedWriter:
         """Delete the chunks written so far (they were never committed)."""
         self._writer.abort()
 
+    @property
+    def closed(self) -> bool:
+        """Finished or aborted."""
+        return self._writer.closed
+
 
 class Transaction:
     """One commit assembled from the chunks of many writers. Use as a context manager."""
@@ -99,10 +105,13 @@ class Transaction:
             staging_id=uuid.uuid4().hex,
         )
         self._parts: list[StagedPart] = []
+        self._writers: list[weakref.ref[StagedWriter]] = []  # made here, in this process
         self.result: Commit | None = None
 
     def writer(self) -> StagedWriter:
-        return StagedWriter(self.handle)
+        writer = StagedWriter(self.handle)
+        self._writers.append(weakref.ref(writer))
+        return writer
 
     def add(self, part: StagedPart) -> None:
         if part.staging_id != self.handle.staging_id:
@@ -150,7 +159,13 @@ class Transaction:
         return self.result
 
     def abort(self) -> None:
-        """Delete the chunks of every part added (only for a transaction not committed)."""
+        """Delete the chunks of every part added, and abort this process's writers of it that
+        are still open (only for a transaction not committed)."""
+        for ref in self._writers:
+            writer = ref()
+            if writer is not None and not writer.closed:
+                writer.abort()
+        self._writers.clear()
         storage = self.store.storage
         for part in self._parts:
             for chunk in part.chunks:

@@ -611,6 +611,7 @@ class LatencyPoint:
     version_after: int
     latencies_ms: list[float] = field(repr=False)
     reference_ms: list[float] = field(repr=False)
+    chunks: int = 0  # chunk references in the store's latest version
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -646,24 +647,48 @@ def timed_append(store: Any, feed: OneSampleFeed) -> tuple[int, float]:
     return int(commit.version), time.perf_counter() - start
 
 
-def build_history(store: Any, feed: OneSampleFeed, version: int, target: int) -> tuple[int, int]:
-    """One-sample appends until the store has `target` versions; returns (version, appends)."""
-    appends = 0
-    while version < target:
+def build_history(
+    store: Any, feed: OneSampleFeed, version: int, target: int, chunks_per_version: int
+) -> tuple[int, int]:
+    """Versions until the store has `target`; returns (version, versions made).
+
+    The first is a real one-sample append; each later one commits, through a staged
+    transaction, `chunks_per_version` references to that first chunk. The metadata (segments,
+    manifests) grows exactly as if each were a new chunk, without writing and fsyncing 100,000
+    files to build the history; the timed appends are real appends of one new chunk each."""
+    from txstore.staging import StagedPart
+
+    made = 0
+    if version == 0:
         version, _ = timed_append(store, feed)
-        appends += 1
-    return version, appends
+        made += 1
+    (template,) = store.snapshot(1).chunks()
+    chunks = (template,) * chunks_per_version
+    while version < target:
+        with store.transaction(message="history") as txn:
+            txn.add(
+                StagedPart(
+                    staging_id=txn.handle.staging_id,
+                    chunks=chunks,
+                    num_samples=template.num_samples * chunks_per_version,
+                )
+            )
+        version = txn.result.version
+        made += 1
+    return version, made
 
 
-def reference_store(run_dir: Path, name: str, feed: OneSampleFeed) -> Any:
+def reference_store(run_dir: Path, name: str, feed: OneSampleFeed, chunks_per_version: int) -> Any:
     import txstore
 
     store = txstore.create(str(run_dir / name))
-    build_history(store, feed, 0, REFERENCE_VERSIONS)
+    build_history(store, feed, 0, REFERENCE_VERSIONS, chunks_per_version)
     return store
 
 
-def commit_latency(workdir: Path, sizes: Sequence[int], per_size: int) -> dict[str, Any]:
+def commit_latency(
+    workdir: Path, sizes: Sequence[int], per_size: int, chunks_per_version: int
+) -> dict[str, Any]:
     import txstore
 
     feed = OneSampleFeed(sizes[-1] + per_size * len(sizes) + 16)
@@ -674,15 +699,18 @@ def commit_latency(workdir: Path, sizes: Sequence[int], per_size: int) -> dict[s
         points = []
         for target in sizes:
             start = time.perf_counter()
-            version, appends = build_history(store, feed, version, target)
+            version, appends = build_history(store, feed, version, target, chunks_per_version)
             build_s += time.perf_counter() - start
             build_appends += appends
-            reference = reference_store(run_dir, f"reference-{target}", feed)
+            reference = reference_store(run_dir, f"reference-{target}", feed, chunks_per_version)
             point = measure_latency_point(store, reference, feed, version, target, per_size)
+            point.chunks = len(store.snapshot().chunks())
             version = point.version_after
             points.append(point)
             print_latency_point(point, build_s, build_appends)
-        return latency_summary(points, build_s, build_appends)
+        summary = latency_summary(points, build_s, build_appends)
+        summary["chunks_per_version"] = chunks_per_version
+        return summary
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
 
@@ -703,10 +731,11 @@ def measure_latency_point(
 def print_latency_point(point: LatencyPoint, build_s: float, build_appends: int) -> None:
     data = point.to_json()
     print(
-        f"  at {point.version_before:>6} versions: median {data['median_ms']:6.2f} ms, "
+        f"  at {point.version_before:>6} versions ({point.chunks:,} chunks): "
+        f"median {data['median_ms']:6.2f} ms, "
         f"p90 {data['p90_ms']:6.2f} ms; reference store at ~{REFERENCE_VERSIONS}: "
         f"median {data['reference_median_ms']:6.2f} ms "
-        f"(history so far: {build_appends} appends in {build_s:.1f} s)",
+        f"(history so far: {build_appends} versions in {build_s:.1f} s)",
         flush=True,
     )
 
@@ -729,12 +758,13 @@ def latency_summary(
 
 
 def print_latency_table(summary: dict[str, Any]) -> None:
-    header = "| versions | median ms | p90 ms | ref median ms | ref p90 ms | vs ref |"
+    header = "| versions | chunks | median ms | p90 ms | ref median ms | ref p90 ms | vs ref |"
     print("\n" + header)
     print("|" + "|".join("-" * len(cell) for cell in header.split("|")[1:-1]) + "|")
     for p in summary["points"]:
         print(
-            f"| {p['version_before']:>8} | {p['median_ms']:9.2f} | {p['p90_ms']:6.2f} "
+            f"| {p['version_before']:>8} | {p['chunks']:>6} | {p['median_ms']:9.2f} "
+            f"| {p['p90_ms']:6.2f} "
             f"| {p['reference_median_ms']:13.2f} | {p['reference_p90_ms']:10.2f} "
             f"| {p['vs_reference']:6.2f} |"
         )
@@ -746,8 +776,9 @@ def print_latency_table(summary: dict[str, Any]) -> None:
         f"store: {summary['interleaved_ratio']:.2f}x (target: within 1.5x -> {verdict})"
     )
     print(
-        f"history build: {summary['build_appends']} one-sample appends in "
-        f"{summary['build_s']:.1f} s ({fmt(summary['build_appends_per_s'], '.0f')} appends/s)"
+        f"history build: {summary['build_appends']} versions of "
+        f"{summary['chunks_per_version']} chunks in {summary['build_s']:.1f} s "
+        f"({fmt(summary['build_appends_per_s'], '.0f')} versions/s)"
     )
 
 
@@ -776,9 +807,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--commit-latency",
         action="store_true",
-        help="instead: one-sample append latency at 10..10,000 versions (txstore only)",
+        help="instead: one-sample append latency at 10..10,000 versions, 100,000 chunks (txstore)",
     )
     parser.add_argument("--latency-samples", type=int, default=50, help="appends timed per size")
+    parser.add_argument(
+        "--history-chunks",
+        type=int,
+        default=10,
+        help="chunks each version of the history adds (10: 100,000 chunks at 10,000 versions)",
+    )
     return parser.parse_args(argv)
 
 
@@ -827,8 +864,11 @@ def report_optimize_fixed_cost(workdir: Path) -> dict[str, float | None]:
 
 def run_latency(args: argparse.Namespace, report: dict[str, Any]) -> None:
     sizes = [10, 100, 1_000] if args.quick else [10, 100, 1_000, 10_000]
-    print(f"\ncommit latency: one-sample appends, {args.latency_samples} timed at each of {sizes}")
-    summary = commit_latency(args.workdir, sizes, args.latency_samples)
+    print(
+        f"\ncommit latency: one-sample appends, {args.latency_samples} timed at each of {sizes} "
+        f"versions, each version of the history adding {args.history_chunks} chunks"
+    )
+    summary = commit_latency(args.workdir, sizes, args.latency_samples, args.history_chunks)
     print_latency_table(summary)
     report["commit_latency"] = summary
 

@@ -585,6 +585,23 @@ def test_a_chunk_stored_while_it_is_built_has_the_bytes_of_one_built_first(
     assert _read_all(streamed) == SAMPLES
 
 
+def test_a_chunk_digest_is_xxh3_of_its_bytes_before_the_footer() -> None:
+    """docs/format.md §5: ``digest`` is XXH3-64 (seed 0) of bytes [0, footer_offset), as 16
+    lowercase hex digits, whether the chunk was stored while built or afterwards."""
+    for hand_offs in (set(), {3, 50, 200}):
+        builder = ChunkBuilder(block_bytes=4096, compressor=FrameCompressor("zstd", 3))
+        stream = builder.stream()
+        out: list[bytes] = []
+        for position, sample in enumerate(SAMPLES):
+            if position in hand_offs:
+                out += map(bytes, stream.pieces(builder.sealed_frames))
+            builder.add(sample, position)
+        built = builder.finish()
+        data = b"".join([*out, *map(bytes, built)])
+        expected = f"{xxhash.xxh3_64_intdigest(data[: built.footer_offset]):016x}"
+        assert built.digest == expected
+
+
 def test_a_stream_gives_a_tail_only_after_every_frame() -> None:
     builder = ChunkBuilder(block_bytes=512, compressor=FrameCompressor(None, 3))
     for position, sample in enumerate(SAMPLES[:50]):

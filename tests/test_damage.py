@@ -163,6 +163,40 @@ def test_flipped_byte_in_a_chunk_is_caught(backend: Backend) -> None:
             view[0]
 
 
+def test_a_flipped_byte_is_caught_by_digest_and_by_frame_checksum(backend: Backend) -> None:
+    """A chunk read whole is checked against its manifest digest (format 1.2); one written
+    without a digest (an older writer) has each frame checked instead; a single sample is
+    checked by its frame's checksum either way."""
+    import msgspec
+
+    from txstore.staging import StagedPart
+
+    store = txstore.create(backend.uri, **backend.kwargs(), chunk_bytes=2048)
+    with store.transaction() as txn:
+        writer = txn.writer()
+        writer.write({"i": i, "pad": bytes(300)} for i in range(20))
+        part = writer.finish()
+        txn.add(part)
+    with store.transaction() as txn:  # the same chunks as an older writer records them
+        older = tuple(msgspec.structs.replace(c, digest=None) for c in part.chunks)
+        txn.add(StagedPart(staging_id=txn.handle.staging_id, chunks=older, num_samples=20))
+    raw = open_storage(backend.uri, backend.storage_options)
+    victim = part.chunks[0]
+    assert victim.digest is not None
+    data = bytearray(raw.read(victim.path))
+    data[20] ^= 0xFF  # inside the first frame
+    raw.write(victim.path, bytes(data))
+    fresh = _reopen(backend)
+    with pytest.raises(ChecksumError, match=rf"{victim.path} \(version 1\) .*digest"):
+        list(fresh.snapshot(1))
+    older_copy = fresh.snapshot(2)
+    with pytest.raises(ChecksumError, match=rf"checksum mismatch in .*{victim.path}"):
+        list(older_copy.iter_chunks(older_copy.chunks()[len(part.chunks) :]))
+    for version in (1, 2):
+        with pytest.raises(ChecksumError, match=victim.path):
+            fresh.snapshot(version)[0]
+
+
 def test_damaged_segment_is_caught(backend: Backend) -> None:
     store, raw = _store(backend)
     seg = store.snapshot().manifest.segments[0]

@@ -318,6 +318,21 @@ def test_chunks_of_a_list_stay_near_chunk_bytes_when_samples_grow(backend: Backe
     assert max(sizes) < 2**20 + 110_000, sizes
 
 
+def test_each_chunk_is_recorded_with_the_digest_of_its_stored_bytes(backend: Backend) -> None:
+    import xxhash
+
+    from txstore.storage import open_storage
+
+    store = _create(backend, chunk_bytes="64KiB", compression=None)
+    store.append({"i": i, "b": bytes([i % 256]) * 1000} for i in range(300))
+    raw = open_storage(backend.uri, backend.storage_options)
+    chunks = store.snapshot().chunks()
+    assert len(chunks) > 3
+    for chunk in chunks:
+        data = raw.read(chunk.path)
+        assert chunk.digest == f"{xxhash.xxh3_64_intdigest(data[: chunk.footer_offset]):016x}"
+
+
 def test_compression_shrinks_compressible_data(backend: Backend) -> None:
     text = ("the quick brown fox " * 200).encode()
     raw = _create(

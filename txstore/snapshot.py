@@ -24,7 +24,7 @@ from .format.chunk import (
     parse_footer,
     select_frames,
 )
-from .format.codec import crc32
+from .format.codec import chunk_digest, crc32
 from .format.manifest import ChunkRef, Manifest
 from .format.values import ABSENT, ValueDecoder
 from .segments import Segments
@@ -54,6 +54,7 @@ class Source:
     crc32: int
     footer_offset: int
     hidden: frozenset[str]
+    digest: str | None = None  # of the bytes before the footer (chunk files, format 1.2)
 
 
 def sources(chunk: ChunkRef) -> list[Source]:
@@ -65,9 +66,12 @@ def sources(chunk: ChunkRef) -> list[Source]:
 
 @dataclass
 class Fetched:
-    """The bytes of a chunk's sources needed for some fields, with their layouts."""
+    """The bytes of a chunk's sources needed for some fields, with their layouts, and the
+    paths of the sources read whole and checked against their digest (whose frames need no
+    check of their own)."""
 
     parts: list[tuple[Source, ChunkLayout, FileBytes, frozenset[str] | None]]
+    verified: frozenset[str] = frozenset()
 
 
 class ChunkReader:
@@ -147,18 +151,24 @@ class ChunkReader:
                     out[names[frame.column]] = value
         return out
 
-    def read_whole(self, src: Source, version: int) -> tuple[bytes | memoryview, ChunkLayout]:
+    def read_whole(self, src: Source, version: int) -> tuple[bytes | memoryview, ChunkLayout, bool]:
+        """A source's bytes and layout, and whether its digest checked them all (else each
+        frame's checksum is checked as it is decoded)."""
         try:
             data = self.storage.read_buffer(src.path)
         except NotFoundError:
             raise self._missing(src.path, version) from None
         where = self._where(src.path, version)
         tail = memoryview(data)[src.footer_offset :]
-        # The tail's checksum here; every frame's as it is decoded.
         if len(data) != src.size or crc32(tail) != src.crc32:
             raise ChecksumError(f"{where} does not match its checksum")
+        # One hash of the whole body, on the thread that fetched it (the prefetch thread of
+        # a StreamingDataset), rather than one per frame on the thread that decodes.
+        verified = src.digest is not None
+        if verified and chunk_digest(memoryview(data)[: src.footer_offset]) != src.digest:
+            raise ChecksumError(f"{where} does not match its digest")
         check_header(data, where)
-        return data, parse_footer(tail, where)
+        return data, parse_footer(tail, where), verified
 
     def _read_frames(
         self, src: Source, layout: ChunkLayout, keep: frozenset[str], version: int
@@ -183,16 +193,19 @@ class ChunkReader:
         """Read what the samples of ``chunk`` need for ``fields``: whole files, or only the
         frames of the fields asked for when that is a part of a file."""
         parts: list[tuple[Source, ChunkLayout, FileBytes, frozenset[str] | None]] = []
+        verified: set[str] = set()
         for src in sources(chunk):
             if fields is None and not src.hidden:
-                data, layout = self.read_whole(src, version)
+                data, layout, whole = self.read_whole(src, version)
                 parts.append((src, self._remember(src, layout), data, None))
+                if whole:
+                    verified.add(src.path)
                 continue
             layout = self.layout(src, version)
             keep = self._keep(src, layout, fields)
             if keep:
                 parts.append((src, layout, self._read_frames(src, layout, keep, version), keep))
-        return Fetched(parts)
+        return Fetched(parts, frozenset(verified))
 
     def samples(
         self,
@@ -217,7 +230,8 @@ class ChunkReader:
         first = bisect_right(block_starts, start) - 1 if start else 0
         last = max(first, bisect_left(block_starts, stop))  # blocks [first, last) hold them
         parts = [(layout, buf, keep) for _, layout, buf, keep in fetched.parts]
-        blocks = decode_blocks(parts, first, last, self.decoder, views)
+        checked = tuple(src.path in fetched.verified for src, _, _, _ in fetched.parts)
+        blocks = decode_blocks(parts, first, last, self.decoder, views, checked)
         for number, rows in enumerate(blocks, start=first):
             block_start, block_stop = block_starts[number], block_starts[number + 1]
             if block_start < start or block_stop > stop:
@@ -226,7 +240,14 @@ class ChunkReader:
 
 
 def _base(chunk: ChunkRef) -> Source:
-    return Source(chunk.path, chunk.size, chunk.crc32, chunk.footer_offset, frozenset(chunk.hidden))
+    return Source(
+        chunk.path,
+        chunk.size,
+        chunk.crc32,
+        chunk.footer_offset,
+        frozenset(chunk.hidden),
+        chunk.digest,
+    )
 
 
 class Snapshot(Sequence[Sample]):

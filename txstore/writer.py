@@ -92,6 +92,7 @@ def _store_streamed(
         size=chunk.size,
         crc32=chunk.crc32,
         footer_offset=chunk.footer_offset,
+        digest=chunk.digest,
     )
 
 

@@ -38,7 +38,7 @@ from .chunk import (
     ChunkFooter,
     FrameIndex,
 )
-from .codec import CODEC_RAW, FrameCompressor, crc32, frame_checksum
+from .codec import CODEC_RAW, ChunkDigest, FrameCompressor, crc32, frame_checksum
 from .values import ABSENT, ABSENT_BYTES, INT_MAX, INT_MIN, Absent, ValueEncoder
 
 
@@ -617,15 +617,17 @@ class ChunkStream:
         self._run = _Run(HEADER.pack(CHUNK_MAGIC, CHUNK_MAJOR, CHUNK_MINOR))
         self._checksums: list[int] = []  # the frames', filled in as each is written
         self._given = 0  # frames given so far
+        self._digest = ChunkDigest()  # of every byte given before the footer
         self.size = -1
         self.crc32 = -1
+        self.digest = ""
 
     def pieces(self, upto: int | None = None) -> Iterator[bytes | memoryview]:
         """The bytes of frames [given so far, ``upto``) (all sealed ones for None); a run of
         small frames that has not reached ``_JOIN_BYTES`` waits for the next call."""
         frames, stored = self._sealed.frames, self._sealed.stored
         upto = len(frames) if upto is None else upto
-        run, checksums = self._run, self._checksums
+        run, checksums, digest = self._run, self._checksums, self._digest.update
         first, self._given = self._given, max(self._given, upto)
         for number in range(first, upto):
             parts = stored[number]
@@ -635,11 +637,17 @@ class ChunkStream:
                 run.add(number, parts, length)
                 checksums.append(0)
                 if run.size >= _JOIN_BYTES:
-                    yield run.flush(checksums)
+                    joined = run.flush(checksums)
+                    digest(joined)
+                    yield joined
                 continue
             if run.size:
-                yield run.flush(checksums)
+                joined = run.flush(checksums)
+                digest(joined)
+                yield joined
             checksums.append(frame_checksum(parts))
+            for part in parts:
+                digest(part)
             yield from parts
 
     def tail(
@@ -650,7 +658,10 @@ class ChunkStream:
         if self._given != len(sealed.frames):
             raise RuntimeError("a chunk's tail comes after all its frames")
         if self._run.size:
-            yield self._run.flush(self._checksums)
+            joined = self._run.flush(self._checksums)
+            self._digest.update(joined)
+            yield joined
+        self.digest = self._digest.hexdigest()
         sealed.stored.clear()
         indexes = iter(
             FrameIndex(column, offset, length, raw, codec, checksum, flags)
@@ -696,6 +707,11 @@ class BuiltChunk:
     @property
     def crc32(self) -> int:
         return self._stream.crc32
+
+    @property
+    def digest(self) -> str:
+        """XXH3-64 of the bytes before the footer, in hex (``ChunkRef.digest``)."""
+        return self._stream.digest
 
     def __iter__(self) -> Iterator[bytes | memoryview]:
         if self._consumed:

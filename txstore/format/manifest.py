@@ -15,7 +15,7 @@ import msgspec
 from ..errors import CorruptError, UnsupportedFormatError
 
 FORMAT = "txstore"
-FORMAT_MAJOR, FORMAT_MINOR = 1, 1
+FORMAT_MAJOR, FORMAT_MINOR = 1, 2
 
 _SAFE_PATH = re.compile(r"[A-Za-z0-9_.\-]+(/[A-Za-z0-9_.\-]+)*")
 
@@ -63,6 +63,8 @@ class ChunkRef(msgspec.Struct, frozen=True, kw_only=True):
     footer_offset: int
     hidden: tuple[str, ...] = ()
     field_files: tuple[FieldFile, ...] = ()
+    #: XXH3-64 of the file's bytes [0, footer_offset) in hex (format 1.2; None before).
+    digest: str | None = None
 
 
 class SegmentRef(msgspec.Struct, frozen=True, kw_only=True):

@@ -286,6 +286,23 @@ def test_missing_chunk_raises_not_hangs(tmp_path: Path) -> None:
         _ids(StreamingDataLoader(ds, batch_size=8, num_workers=2, timeout=120))
 
 
+@pytest.mark.parametrize("position", [0, 2])
+def test_a_damaged_chunk_raises_whether_read_first_or_ahead(tmp_path: Path, position: int) -> None:
+    """The first chunk a worker reads is checked frame by frame as it is decoded (its first
+    sample need not wait for the whole file); the chunks read ahead are checked whole
+    against their digest, in the prefetch threads. A flipped byte is caught either way."""
+    store = _store(str(tmp_path / "s"))
+    victim = store.snapshot().chunks()[position]
+    path = tmp_path / "s" / victim.path
+    data = bytearray(path.read_bytes())
+    data[40] ^= 0xFF  # inside the first frame
+    path.write_bytes(bytes(data))
+    how = "checksum mismatch" if position == 0 else "does not match its digest"
+    with pytest.raises(txstore.ChecksumError) as caught:
+        list(StreamingDataset(store.snapshot()))
+    assert victim.path in str(caught.value) and how in str(caught.value)
+
+
 def _tensors(batch: list[dict[str, Any]]) -> dict[str, Any]:
     """A collate that makes tensors of every kind the transport must carry back unchanged."""
     ids = torch.tensor([s["id"] for s in batch])

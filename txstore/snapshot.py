@@ -151,9 +151,12 @@ class ChunkReader:
                     out[names[frame.column]] = value
         return out
 
-    def read_whole(self, src: Source, version: int) -> tuple[bytes | memoryview, ChunkLayout, bool]:
+    def read_whole(
+        self, src: Source, version: int, digest: bool = True
+    ) -> tuple[bytes | memoryview, ChunkLayout, bool]:
         """A source's bytes and layout, and whether its digest checked them all (else each
-        frame's checksum is checked as it is decoded)."""
+        frame's checksum is checked as it is decoded). ``digest=False`` leaves the checks to
+        the frames, for a reader that wants its first sample before the whole file is read."""
         try:
             data = self.storage.read_buffer(src.path)
         except NotFoundError:
@@ -164,7 +167,7 @@ class ChunkReader:
             raise ChecksumError(f"{where} does not match its checksum")
         # One hash of the whole body, on the thread that fetched it (the prefetch thread of
         # a StreamingDataset), rather than one per frame on the thread that decodes.
-        verified = src.digest is not None
+        verified = digest and src.digest is not None
         if verified and chunk_digest(memoryview(data)[: src.footer_offset]) != src.digest:
             raise ChecksumError(f"{where} does not match its digest")
         check_header(data, where)
@@ -189,14 +192,17 @@ class ChunkReader:
             raise self._missing(src.path, version) from None
         return Ranges(pieces)
 
-    def fetch(self, chunk: ChunkRef, version: int, fields: frozenset[str] | None) -> Fetched:
+    def fetch(
+        self, chunk: ChunkRef, version: int, fields: frozenset[str] | None, digest: bool = True
+    ) -> Fetched:
         """Read what the samples of ``chunk`` need for ``fields``: whole files, or only the
-        frames of the fields asked for when that is a part of a file."""
+        frames of the fields asked for when that is a part of a file. Whole files are checked
+        against their digest, unless ``digest`` is False (see ``read_whole``)."""
         parts: list[tuple[Source, ChunkLayout, FileBytes, frozenset[str] | None]] = []
         verified: set[str] = set()
         for src in sources(chunk):
             if fields is None and not src.hidden:
-                data, layout, whole = self.read_whole(src, version)
+                data, layout, whole = self.read_whole(src, version, digest)
                 parts.append((src, self._remember(src, layout), data, None))
                 if whole:
                     verified.add(src.path)

@@ -141,18 +141,18 @@ class _ChunkFetcher:
         self._finished: list[str] = []
         self._lock = threading.Lock()
 
-    def _fetch(self, chunk: ChunkRef) -> Fetched:
+    def _fetch(self, chunk: ChunkRef, digest: bool) -> Fetched:
         version, fields = self._snapshot.version, self._snapshot.fields
         if self._cache is None or fields is not None:
             # A projection fetches only its frames; caching whole files would download all.
-            return self._remote.fetch(chunk, version, fields)
+            return self._remote.fetch(chunk, version, fields, digest)
         for src in sources(chunk):
             if not os.path.exists(os.path.join(self._cache.root, src.path)):
                 self._cache.write(src.path, [self._remote.read_whole(src, version)[0]])
         try:
-            return self._reader.fetch(chunk, version, fields)
+            return self._reader.fetch(chunk, version, fields, digest)
         except MissingDataError:  # another worker evicted it just now: read it remotely
-            return self._remote.fetch(chunk, version, fields)
+            return self._remote.fetch(chunk, version, fields, digest)
 
     def release(self, chunk: ChunkRef) -> None:
         if self._cache is None or self._snapshot.fields is not None:
@@ -173,7 +173,11 @@ class _ChunkFetcher:
             for i, chunk in enumerate(chunks):
                 for j in range(i, min(len(chunks), i + self._ahead + 1)):
                     if j not in futures:
-                        futures[j] = self._pool.submit(self._fetch, chunks[j])
+                        # The first chunk is checked frame by frame as it is decoded, so
+                        # that the first sample does not wait for the whole file to be read
+                        # and hashed (cold: 0.34 against 0.16 s to the first batch of W1);
+                        # the chunks read ahead are checked whole, in this pool's threads.
+                        futures[j] = self._pool.submit(self._fetch, chunks[j], j > 0)
                 yield chunk, futures.pop(i).result()
         finally:
             for future in futures.values():

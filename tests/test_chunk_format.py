@@ -553,6 +553,24 @@ def test_adding_a_list_stops_where_the_chunk_fills_as_one_at_a_time_does(
     assert b"".join(taken.finish()) == chunk
 
 
+def _built_with_hand_offs(
+    hand_offs: set[int], block_bytes: int, compression: str | None
+) -> tuple[bytes, Any]:
+    """SAMPLES as a writer stores them: the frames sealed so far given (``stream``) before
+    each position in ``hand_offs``, the rest once the builder is finished."""
+    builder = ChunkBuilder(block_bytes=block_bytes, compressor=FrameCompressor(compression, 3))
+    stream = builder.stream()
+    out: list[bytes] = []
+    for position, sample in enumerate(SAMPLES):
+        if position in hand_offs:
+            out += map(bytes, stream.pieces(builder.sealed_frames))
+        builder.add(sample, position)
+    built = builder.finish()
+    out += map(bytes, built)
+    assert built.size == sum(map(len, out))
+    return b"".join(out), built
+
+
 @settings(max_examples=100, deadline=None)
 @given(
     st.lists(st.integers(min_value=0, max_value=len(SAMPLES)), max_size=12),
@@ -566,22 +584,8 @@ def test_a_chunk_stored_while_it_is_built_has_the_bytes_of_one_built_first(
     then the rest once it is finished: the file is the one ``finish`` alone gives, wherever
     the hand-offs fall (inside runs of small frames being joined, between a large frame's
     pieces, before any frame is sealed)."""
-
-    def build(hand_offs: set[int]) -> bytes:
-        builder = ChunkBuilder(block_bytes=block_bytes, compressor=FrameCompressor(compression, 3))
-        stream = builder.stream()
-        out: list[bytes] = []
-        for position, sample in enumerate(SAMPLES):
-            if position in hand_offs:
-                out += map(bytes, stream.pieces(builder.sealed_frames))
-            builder.add(sample, position)
-        built = builder.finish()
-        out += map(bytes, built)
-        assert built.size == sum(map(len, out))
-        return b"".join(out)
-
-    streamed = build(set(cuts))
-    assert streamed == build(set())
+    streamed, _ = _built_with_hand_offs(set(cuts), block_bytes, compression)
+    assert streamed == _built_with_hand_offs(set(), block_bytes, compression)[0]
     assert _read_all(streamed) == SAMPLES
 
 
@@ -589,15 +593,7 @@ def test_a_chunk_digest_is_xxh3_of_its_bytes_before_the_footer() -> None:
     """docs/format.md §5: ``digest`` is XXH3-64 (seed 0) of bytes [0, footer_offset), as 16
     lowercase hex digits, whether the chunk was stored while built or afterwards."""
     for hand_offs in (set(), {3, 50, 200}):
-        builder = ChunkBuilder(block_bytes=4096, compressor=FrameCompressor("zstd", 3))
-        stream = builder.stream()
-        out: list[bytes] = []
-        for position, sample in enumerate(SAMPLES):
-            if position in hand_offs:
-                out += map(bytes, stream.pieces(builder.sealed_frames))
-            builder.add(sample, position)
-        built = builder.finish()
-        data = b"".join([*out, *map(bytes, built)])
+        data, built = _built_with_hand_offs(hand_offs, 4096, "zstd")
         expected = f"{xxhash.xxh3_64_intdigest(data[: built.footer_offset]):016x}"
         assert built.digest == expected
 

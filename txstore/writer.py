@@ -14,7 +14,8 @@ from concurrent.futures import Future
 from typing import Any
 
 from .errors import TxstoreError
-from .format.builder import BuiltChunk, ChunkBuilder, ChunkStream
+from .format.builder import ChunkBuilder
+from .format.chunkfile import BuiltChunk, ChunkStream
 from .format.codec import FrameCompressor
 from .format.manifest import ChunkRef, StoreConfig
 from .storage import Storage
@@ -56,7 +57,7 @@ class _StreamedUpload:
     def __init__(self, key: str) -> None:
         self.key = key
         self.marks: queue.SimpleQueue[object] = queue.SimpleQueue()
-        self.future: Future[ChunkRef] | None = None
+        self.future: Future[ChunkRef] = Future()
 
 
 def _store_streamed(
@@ -171,7 +172,6 @@ class ChunkWriter:
             self._flush()
             return
         upload = self._streaming or self._start_upload()
-        assert upload.future is not None
         if upload.future.done():  # it failed (a full disk): say so now, not at the end
             upload.future.result()
         self._collect_stored()
@@ -193,16 +193,18 @@ class ChunkWriter:
         # and the thread stops. It is a daemon: a writer left unfinished when the interpreter
         # exits (an exception out of main) must not keep it waiting; its temp file is what a
         # crash leaves, which vacuum deletes.
-        future: Future[ChunkRef] = Future()
-        upload.future, self._streaming = future, upload  # abort() finds it from here on
+        self._streaming = upload  # abort() finds it from here on
         args = (self._storage, upload, self._builder.stream(), weakref.ref(self))
         thread = threading.Thread(
-            target=_run, args=(future, _store_streamed, args), name="txstore-upload", daemon=True
+            target=_run,
+            args=(upload.future, _store_streamed, args),
+            name="txstore-upload",
+            daemon=True,
         )
         try:
             thread.start()
         except BaseException as e:  # no thread: the future must still end
-            future.set_exception(e)
+            upload.future.set_exception(e)
             raise
         return upload
 
@@ -214,7 +216,6 @@ class ChunkWriter:
         self._builder, self._streaming = self._new_builder(), None
         builder.end_block()  # compress here: the compressor is not shared across threads
         upload.marks.put(builder.finish())
-        assert upload.future is not None
         self._uploads.append(upload.future)
 
     def finish(self) -> list[ChunkRef]:
@@ -228,7 +229,7 @@ class ChunkWriter:
     def abort(self) -> None:
         """Delete every chunk this writer stored: only for a transaction known not committed."""
         self.closed = True
-        if self._streaming is not None and self._streaming.future is not None:
+        if self._streaming is not None:
             self._streaming.marks.put(_ABORT)
             self._uploads.append(self._streaming.future)
             self._streaming = None

@@ -1,4 +1,4 @@
-"""Writing chunk files: samples in, the file's bytes and footer out (layout in chunk.py).
+"""Building chunks: samples in, sealed frames out (``chunkfile`` turns them into the file).
 
 A block keeps its samples as rows of values until it is sealed, then encodes them column by
 column, a few C calls per column. A writer's CPU is mostly the per-sample loop, so a sample of
@@ -17,28 +17,15 @@ from __future__ import annotations
 import struct
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from itertools import accumulate, islice, repeat, zip_longest
+from itertools import accumulate, repeat, zip_longest
 from operator import add as plus
 from operator import itemgetter
 from typing import Any
 
-import msgspec
-
 from ..errors import EncodeError
-from .chunk import (
-    CHUNK_MAGIC,
-    CHUNK_MAJOR,
-    CHUNK_MINOR,
-    FLAG_SPARSE,
-    HEADER,
-    MAX_BLOCK_SAMPLES,
-    TRAILER,
-    TRAILER_MAGIC,
-    BlockIndex,
-    ChunkFooter,
-    FrameIndex,
-)
-from .codec import CODEC_RAW, ChunkDigest, FrameCompressor, crc32, frame_checksum
+from .chunk import FLAG_SPARSE, HEADER, MAX_BLOCK_SAMPLES
+from .chunkfile import BuiltChunk, ChunkStream, SealedFrames
+from .codec import CODEC_RAW, FrameCompressor
 from .values import ABSENT, ABSENT_BYTES, INT_MAX, INT_MIN, Absent, ValueEncoder
 
 
@@ -72,13 +59,6 @@ def _bin_headers(lengths: list[int]) -> list[bytes]:
 #: (A slice of the frame is no cheaper a probe: a frame that repeats a value larger than the
 #: slice compresses, the slice does not.)
 _RAW_STREAK, _PROBE_EVERY = 4, 32
-#: Frames whose parts average fewer bytes than this are joined with their neighbours as the
-#: chunk is written, ``_JOIN_BYTES`` at a time (writev spends about 0.1 µs an iovec, and the
-#: checksum then takes one call a frame). Joins above 1 MiB let go of the GIL while they copy;
-#: each is written before the next is made, so they reuse the same warm memory (joins into
-#: fresh memory ran at 2 GB/s here, into reused memory at 6 GB/s).
-_JOIN_BELOW = 16384
-_JOIN_BYTES = 2 << 20
 #: The types a fast-path row may hold, and about how many bytes each takes (beyond its
 #: ``len``, for bytes and str): the open block's size is an estimate until it is sealed.
 _PLAIN_SIZES: dict[type, int] = {bytes: 3, str: 3, int: 9, float: 9, bool: 1, type(None): 1}
@@ -89,12 +69,6 @@ _MAX_SHAPES = 64
 #: sample at a time before it checks a whole list in C again.
 _BATCH_BACKOFF = 8
 _END = object()  # the end of a source
-
-#: A sealed frame before its checksum: column, offset, length, raw length, codec, flags. A
-#: chunk's frames are kept in flat lists of tuples of ints and of bytes, which the cyclic GC
-#: stops tracking at its first pass: thousands of tracked objects a chunk made full collections
-#: run during appends, each 0.2 s in a process that had imported torch (W2 paid two).
-_FrameMeta = tuple[int, int, int, int, int, int]
 
 
 class _Encoded:
@@ -173,7 +147,7 @@ class ChunkBuilder:
         self._encode_plain = encoder.encode_plain
         self._size = HEADER.size
         self._columns: dict[str, int] = {}
-        self._sealed = _Sealed()
+        self._sealed = SealedFrames()
         self._stream: ChunkStream | None = None
         self._num_samples = 0
         self._raw_streak: dict[str, int] = {}
@@ -591,154 +565,5 @@ class ChunkBuilder:
         excepted); the builder is spent."""
         self._seal_block()
         built = BuiltChunk(self.stream(), list(self._columns), self._num_samples, self._size)
-        self._sealed, self._stream = _Sealed(), None
+        self._sealed, self._stream = SealedFrames(), None
         return built
-
-
-class _Sealed:
-    """A chunk's sealed blocks: (samples, frames) per block, and per frame its metadata and
-    its stored parts, in flat lists."""
-
-    __slots__ = ("blocks", "frames", "stored")
-
-    def __init__(self) -> None:
-        self.blocks: list[tuple[int, int]] = []
-        self.frames: list[_FrameMeta] = []
-        self.stored: list[tuple[bytes, ...]] = []
-
-
-class ChunkStream:
-    """A chunk file's bytes in order, given as its frames are sealed: the header and frames
-    by ``pieces``, the footer by ``tail``. Frames are checksummed as they are given (on the
-    writer's upload thread, not the encoding one), and small ones joined into runs."""
-
-    def __init__(self, sealed: _Sealed) -> None:
-        self._sealed = sealed
-        self._run = _Run(HEADER.pack(CHUNK_MAGIC, CHUNK_MAJOR, CHUNK_MINOR))
-        self._checksums: list[int] = []  # the frames', filled in as each is written
-        self._given = 0  # frames given so far
-        self._digest = ChunkDigest()  # of every byte given before the footer
-        self.size = -1
-        self.crc32 = -1
-        self.digest = ""
-
-    def pieces(self, upto: int | None = None) -> Iterator[bytes | memoryview]:
-        """The bytes of frames [given so far, ``upto``) (all sealed ones for None); a run of
-        small frames that has not reached ``_JOIN_BYTES`` waits for the next call."""
-        frames, stored = self._sealed.frames, self._sealed.stored
-        upto = len(frames) if upto is None else upto
-        run, checksums, digest = self._run, self._checksums, self._digest.update
-        first, self._given = self._given, max(self._given, upto)
-        for number in range(first, upto):
-            parts = stored[number]
-            stored[number] = ()  # the caller's values can go once they are written
-            length = frames[number][2]
-            if length < _JOIN_BELOW * len(parts):
-                run.add(number, parts, length)
-                checksums.append(0)
-                if run.size >= _JOIN_BYTES:
-                    joined = run.flush(checksums)
-                    digest(joined)
-                    yield joined
-                continue
-            if run.size:
-                joined = run.flush(checksums)
-                digest(joined)
-                yield joined
-            checksums.append(frame_checksum(parts))
-            for part in parts:
-                digest(part)
-            yield from parts
-
-    def tail(
-        self, columns: list[str], num_samples: int, footer_offset: int
-    ) -> Iterator[bytes | memoryview]:
-        """The last run and the footer, once every frame has been given."""
-        sealed = self._sealed
-        if self._given != len(sealed.frames):
-            raise RuntimeError("a chunk's tail comes after all its frames")
-        if self._run.size:
-            joined = self._run.flush(self._checksums)
-            self._digest.update(joined)
-            yield joined
-        self.digest = self._digest.hexdigest()
-        sealed.stored.clear()
-        indexes = iter(
-            FrameIndex(column, offset, length, raw, codec, checksum, flags)
-            for (column, offset, length, raw, codec, flags), checksum in zip(
-                sealed.frames, self._checksums, strict=True
-            )
-        )
-        footer = msgspec.msgpack.encode(
-            ChunkFooter(
-                CHUNK_MAJOR,
-                CHUNK_MINOR,
-                num_samples,
-                columns,
-                [BlockIndex(n, tuple(islice(indexes, count))) for n, count in sealed.blocks],
-            )
-        )
-        trailer = TRAILER.pack(len(footer), crc32(footer), TRAILER_MAGIC)
-        self.crc32 = crc32(trailer, crc32(footer))
-        self.size = footer_offset + len(footer) + len(trailer)
-        yield footer
-        yield trailer
-
-
-class BuiltChunk:
-    """A finished chunk. Iterating it (once) gives the file's bytes in order that its stream
-    has not given yet, checksumming the frames as it goes: a writer does that on its upload
-    thread while the next chunk encodes. ``size`` and ``crc32`` are known once it has been
-    iterated."""
-
-    def __init__(
-        self, stream: ChunkStream, columns: list[str], num_samples: int, footer_offset: int
-    ) -> None:
-        self._stream = stream
-        self._columns = columns
-        self.num_samples = num_samples
-        self.footer_offset = footer_offset
-        self._consumed = False
-
-    @property
-    def size(self) -> int:
-        return self._stream.size
-
-    @property
-    def crc32(self) -> int:
-        return self._stream.crc32
-
-    @property
-    def digest(self) -> str:
-        """XXH3-64 of the bytes before the footer, in hex (``ChunkRef.digest``)."""
-        return self._stream.digest
-
-    def __iter__(self) -> Iterator[bytes | memoryview]:
-        if self._consumed:
-            raise RuntimeError("a BuiltChunk is iterated once")
-        self._consumed = True
-        stream = self._stream
-        yield from stream.pieces()
-        yield from stream.tail(self._columns, self.num_samples, self.footer_offset)
-
-
-class _Run:
-    """Consecutive frames of small parts, joined into one buffer and checksummed from it."""
-
-    def __init__(self, first: bytes) -> None:
-        self.parts: list[bytes] = [first]
-        self.size = len(first)
-        self.frames: list[tuple[int, int, int]] = []  # checksum slot, start in the run, length
-
-    def add(self, slot: int, stored: tuple[bytes, ...], length: int) -> None:
-        self.frames.append((slot, self.size, length))
-        self.parts += stored
-        self.size += length
-
-    def flush(self, checksums: list[int]) -> bytes:
-        joined = b"".join(self.parts)
-        view = memoryview(joined)
-        for slot, start, length in self.frames:
-            checksums[slot] = frame_checksum([view[start : start + length]])
-        self.parts, self.size, self.frames = [], 0, []
-        return joined

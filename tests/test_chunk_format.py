@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import itertools
 import struct
+import sys
+import threading
+import time
 import zlib
 from typing import Any
 
@@ -25,7 +28,7 @@ from txstore.format.chunk import (
     decode_value,
     parse_footer,
 )
-from txstore.format.codec import FrameCompressor
+from txstore.format.codec import FrameCompressor, chunk_digest
 from txstore.format.values import ABSENT, ValueDecoder
 
 SAMPLES = [
@@ -596,6 +599,44 @@ def test_a_chunk_digest_is_xxh3_of_its_bytes_before_the_footer() -> None:
         data, built = _built_with_hand_offs(hand_offs, 4096, "zstd")
         expected = f"{xxhash.xxh3_64_intdigest(data[: built.footer_offset]):016x}"
         assert built.digest == expected
+
+
+def test_checking_a_chunk_digest_lets_other_threads_run() -> None:
+    """A prefetch thread checks each chunk read ahead while the training loop decodes: the
+    check must let go of the GIL (the one-shot xxhash call holds it for the whole buffer,
+    which halved the loop's pace). With forced switches turned off, this thread runs while
+    the other is inside ``chunk_digest`` only if the hash lets go of the GIL."""
+    data = memoryview(bytes(16 << 20))
+    expected = f"{xxhash.xxh3_64_intdigest(data):016x}"
+    inside, done, enough = threading.Event(), threading.Event(), threading.Event()
+    results: list[str] = []
+
+    def hash_until_seen() -> None:
+        for _ in range(200):
+            inside.set()
+            results.append(chunk_digest(data))
+            inside.clear()
+            if enough.is_set():
+                break
+        done.set()
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1000.0)
+    try:
+        thread = threading.Thread(target=hash_until_seen)
+        thread.start()
+        steps_inside = 0
+        while not done.is_set():
+            if inside.is_set():
+                steps_inside += 1
+                if steps_inside >= 100:
+                    enough.set()
+            time.sleep(0)  # the only way the other thread gets the GIL back
+        thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert steps_inside >= 100
+    assert set(results) == {expected}
 
 
 def test_a_stream_gives_a_tail_only_after_every_frame() -> None:

@@ -28,7 +28,7 @@ from txstore.format.chunk import (
     decode_value,
     parse_footer,
 )
-from txstore.format.codec import FrameCompressor, chunk_digest
+from txstore.format.codec import FrameCompressor, chunk_digest, crc32
 from txstore.format.values import ABSENT, ValueDecoder
 
 SAMPLES = [
@@ -599,6 +599,20 @@ def test_a_chunk_digest_is_xxh3_of_its_bytes_before_the_footer() -> None:
         data, built = _built_with_hand_offs(hand_offs, 4096, "zstd")
         expected = f"{xxhash.xxh3_64_intdigest(data[: built.footer_offset]):016x}"
         assert built.digest == expected
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    size=st.sampled_from([0, 1, 4095, 4096, 4097, 40_000, (1 << 20) - 1, 1 << 20, (1 << 20) + 1]),
+    start=st.integers(0, 2**32 - 1),
+    seed=st.integers(0, 255),
+)
+def test_crc32_in_pieces_is_zlibs_crc32(size: int, start: int, seed: int) -> None:
+    """Chunk tails are checked in pieces that keep the GIL: the result is CRC-32's."""
+    pattern = bytes((seed + i * 7) & 0xFF for i in range(4099))  # not a divisor of the pieces
+    data = (pattern * (size // len(pattern) + 1))[:size]
+    assert crc32(data, start) == zlib.crc32(data, start)
+    assert crc32(memoryview(data)) == zlib.crc32(data)
 
 
 def test_checking_a_chunk_digest_lets_other_threads_run() -> None:

@@ -16,12 +16,13 @@ import pytest
 import xxhash
 from hypothesis import given, settings
 
-from txstore.errors import ChecksumError, EncodeError, UnsupportedFormatError
+from txstore.errors import ChecksumError, CorruptError, EncodeError, UnsupportedFormatError
 from txstore.format.builder import ChunkBuilder
 from txstore.format.chunk import (
     MAX_BLOCK_SAMPLES,
     BlockIndex,
     ChunkFooter,
+    ChunkLayout,
     FrameIndex,
     check_header,
     decode_blocks,
@@ -129,6 +130,61 @@ def test_a_flipped_byte_in_a_frame_is_caught(major: int) -> None:
     data = _flip_in_first_frame(_rewrite(_chunk(), major, checksum))
     with pytest.raises(ChecksumError, match="test chunk"):
         _read_all(data)
+
+
+def _with_block_sizes(data: bytes, sizes: list[int]) -> bytes:
+    """The same chunk whose footer gives its blocks these sample counts (checksums valid)."""
+    footer, start = _footer(data)
+    blocks = [BlockIndex(n, block.frames) for n, block in zip(sizes, footer.blocks, strict=True)]
+    new_footer = msgspec.msgpack.encode(
+        ChunkFooter(footer.major, footer.minor, sum(sizes), footer.columns, blocks)
+    )
+    trailer = struct.pack("<II8s", len(new_footer), zlib.crc32(new_footer), b"TXSCEND\0")
+    return data[:start] + new_footer + trailer
+
+
+@pytest.mark.parametrize("views", [False, True])
+@pytest.mark.parametrize("sample_bytes", [100, 8192])  # many samples a block, one a block
+def test_a_frame_holding_another_count_than_its_block_is_corrupt(
+    sample_bytes: int, views: bool
+) -> None:
+    """A footer that miscounts a block's samples (a writer's bug, a crafted file) is refused
+    with the chunk named, whether the frames then fail to parse or parse to another count."""
+    builder = ChunkBuilder(block_bytes=4096, compressor=FrameCompressor(None, 0))
+    for position in range(120):
+        builder.add({"id": position, "blob": bytes([position]) * sample_bytes}, position)
+    data = b"".join(builder.finish())
+    footer, _ = _footer(data)
+    sizes = [block.num_samples for block in footer.blocks]
+    assert len(sizes) >= 3 and (sample_bytes < 4096) == (sizes[0] > 1)
+    for moved in (
+        [sizes[0] + 1, sizes[1] - 1, *sizes[2:]],
+        [sizes[0] - 1, sizes[1] + 1, *sizes[2:]],
+    ):
+        bad = _with_block_sizes(data, moved)
+        layout = parse_footer(bad[layout_start(bad) :], "test chunk")
+        blocks = decode_blocks([(layout, bad, None)], 0, 2, ValueDecoder(), views)
+        with pytest.raises(CorruptError, match="test chunk"):
+            list(blocks)
+
+
+@pytest.mark.parametrize("views", [False, True])
+@pytest.mark.parametrize("values", [[7, 8], [b"ab", b"cd"]])
+def test_a_frame_that_parses_to_another_count_than_its_block_is_corrupt(
+    values: list[Any], views: bool
+) -> None:
+    """A well-formed frame of two values in a block of three (docs/format.md §4: an array,
+    then one offset per sample) is refused, not read as a short block."""
+    array = msgspec.msgpack.encode(values)
+    raw = array + struct.pack("<3I", 0, 1, 2)
+    data = struct.pack("<4sHH", b"TXSC", 2, 0) + raw
+    frame = FrameIndex(0, 8, len(raw), len(raw), 0, xxhash.xxh3_64_intdigest(raw), 0)
+    footer = ChunkFooter(2, 2, 3, ["x"], [BlockIndex(3, (frame,))])
+    layout = ChunkLayout(footer, "test chunk")
+    for checked in [(True,), (False,)]:
+        blocks = decode_blocks([(layout, data, None)], 0, 1, ValueDecoder(), views, checked)
+        with pytest.raises(CorruptError, match="test chunk: the frame at offset 8 holds 2"):
+            list(blocks)
 
 
 def test_a_newer_chunk_major_is_refused() -> None:

@@ -212,17 +212,18 @@ def decode_blocks(
         )
         whole = None if isinstance(buf, Ranges) else memoryview(buf)
         check = None if number < len(checked) and checked[number] else layout.check
-        prepared.append((layout, check, wanted, whole, buf))
+        blocks = layout.footer.blocks
+        prepared.append((blocks, layout.columns, layout.where, check, wanted, whole, buf))
     block_starts = parts[0][0].block_starts
     decode = decoder.decode_list
+    plain = decoder.decode_list_plain
     for number in range(first, last):
         n = block_starts[number + 1] - block_starts[number]
         names: list[str] = []
         columns: list[list[Any]] = []
         sparse = False
-        for layout, check, wanted, whole, buf in prepared:
-            where, column_names = layout.where, layout.columns
-            for frame in layout.footer.blocks[number].frames:
+        for blocks, column_names, where, check, wanted, whole, buf in prepared:
+            for frame in blocks[number].frames:
                 if wanted is not None and frame.column not in wanted:
                     continue
                 offset, length = frame.offset, frame.length
@@ -241,13 +242,25 @@ def decode_blocks(
                     else memoryview(decompress_frame(stored, frame.codec, frame.raw_length, where))
                 )
                 table = len(raw) - 4 * n
-                values = decode(raw[:table], views=views)
-                if views and type(values[0]) is not memoryview:  # not all bytes
+                try:
+                    values = decode(raw[:table], views=True) if views else plain(raw[:table])
+                except msgspec.DecodeError as e:
+                    raise CorruptError(f"{where}: bad frame at offset {offset}: {e}") from e
+                if len(values) != n:
+                    raise CorruptError(
+                        f"{where}: the frame at offset {offset} holds {len(values)} values, "
+                        f"its block {n} samples"
+                    )
+                if views and bytes in map(type, values):  # a column not all bytes
                     values = _views_one_by_one(values, raw, table, decoder)
                 columns.append(values)
                 names.append(column_names[frame.column])
-                sparse = sparse or bool(frame.flags)
-        yield assemble(names, columns, sparse, n)
+                if frame.flags:
+                    sparse = True
+        if n == 1 and not sparse:  # a block of one large sample: a third of its decoding time
+            yield [{name: column[0] for name, column in zip(names, columns, strict=True)}]
+        else:
+            yield assemble(names, columns, sparse, n)
 
 
 def _views_one_by_one(
@@ -256,8 +269,6 @@ def _views_one_by_one(
     """A frame's values with each ``bytes`` one a view, as ``decode_value`` gives it: for a
     column whose values are not all ``bytes`` (absent, None, mixed), which a zero-copy reader
     must not hand out as copies in one block and views in another."""
-    if not any(type(value) is bytes for value in values):
-        return values
     starts = [*struct.unpack_from(f"<{len(values)}I", raw, table), table]
     return [
         decoder.decode(raw[starts[k] : starts[k + 1]], views=True)

@@ -182,6 +182,8 @@ class ValueDecoder:
         # For zero-copy reads: MessagePack bin values as read-only views of the input.
         self._view = msgspec.msgpack.Decoder(memoryview)
         self._views = msgspec.msgpack.Decoder(list[memoryview])
+        #: ``decode_list(data)`` without views: the msgspec call itself, for the decoding loop.
+        self.decode_list_plain = self._decoder.decode
 
     def decode(self, data: bytes | memoryview, *, views: bool = False) -> Any:
         """One value; with ``views`` a ``bytes`` value comes back as a view of ``data``."""
@@ -195,11 +197,15 @@ class ValueDecoder:
     def decode_list(self, data: bytes | memoryview, *, views: bool = False) -> list[Any]:
         """A MessagePack array of values; with ``views``, when they are all ``bytes``, as
         views of ``data``."""
-        if views and _starts_with_bin(data):
-            try:
-                return self._views.decode(data)
-            except msgspec.ValidationError:
-                pass  # some are not bytes (or absent): decoded as usual
+        if views and len(data) > 1:
+            # Only when the first value is bin: a column of ids or labels is not worth a typed
+            # decode that fails (an exception per frame). Inline: this runs for every frame.
+            skip = _ARRAY_HEADER_BYTES.get(data[0])
+            if skip is not None and len(data) > skip and data[skip] in _BIN_TYPES:
+                try:
+                    return self._views.decode(data)
+                except msgspec.ValidationError:
+                    pass  # some are not bytes (or absent): decoded as usual
         values: list[Any] = self._decoder.decode(data)
         return values
 
@@ -207,10 +213,3 @@ class ValueDecoder:
 #: The first byte of a MessagePack array header: how many bytes the header takes.
 _ARRAY_HEADER_BYTES = {**{0x90 | n: 1 for n in range(16)}, 0xDC: 3, 0xDD: 5}
 _BIN_TYPES = frozenset((0xC4, 0xC5, 0xC6))
-
-
-def _starts_with_bin(data: bytes | memoryview) -> bool:
-    """Whether a MessagePack array's first value is bin: a column of ids or labels is not
-    worth a typed decode that fails (an exception per frame)."""
-    skip = _ARRAY_HEADER_BYTES.get(data[0]) if len(data) else None
-    return skip is not None and len(data) > skip and data[skip] in _BIN_TYPES

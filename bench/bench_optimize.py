@@ -572,14 +572,14 @@ def ratios(results: Sequence[ba.Result], contenders: Sequence[Contender]) -> lis
 
 def print_ratios(rows: Sequence[dict[str, Any]]) -> None:
     print("\ntxstore samples/s / peer samples/s (same run, same number of processes):")
-    header = f"| wl | {'txstore':<28} | {'peer':<24} | ratio  | target | met |"
+    header = f"| wl | {'txstore':<28} | {'peer':<30} | ratio  | target | met |"
     print(header)
     print("|" + "|".join("-" * len(cell) for cell in header.split("|")[1:-1]) + "|")
     for row in rows:
         met = "-" if row["met"] is None else ("yes" if row["met"] else "NO")
         target = "  -   " if row["target"] is None else f">= {row['target']:<3}"
         print(
-            f"| {row['workload']} | {row['txstore']:<28} | {row['peer']:<24} "
+            f"| {row['workload']} | {row['txstore']:<28} | {row['peer']:<30} "
             f"| {ba.fmt(row['ratio'], '6.2f')} | {target} | {met:<3} |"
         )
 

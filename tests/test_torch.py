@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -301,6 +302,42 @@ def test_a_damaged_chunk_raises_whether_read_first_or_ahead(tmp_path: Path, posi
     with pytest.raises(txstore.ChecksumError) as caught:
         list(StreamingDataset(store.snapshot()))
     assert victim.path in str(caught.value) and how in str(caught.value)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_chunks_are_read_ahead_only_once_the_first_sample_is_out(
+    tmp_path: Path, shuffle: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without shuffle, the first sample needs only the first chunk: reading others ahead
+    before it is out slowed it on a cold disk. With shuffle, the first window needs all of
+    its chunks at once. Either way, every sample comes once and every chunk is read."""
+    store = _store(str(tmp_path / "s"))
+    chunks = [c.path for c in store.snapshot().chunks()]
+    submitted: list[str] = []
+    submit = ThreadPoolExecutor.submit
+
+    def record(pool: Any, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        if getattr(fn, "__name__", "") == "_fetch":
+            submitted.append(args[0].path)
+        return submit(pool, fn, *args, **kwargs)
+
+    monkeypatch.setattr(ThreadPoolExecutor, "submit", record)
+    seen_at_first: list[list[str]] = []
+
+    def note_first(sample: dict[str, Any]) -> int:
+        if not seen_at_first:
+            seen_at_first.append(list(submitted))
+        return int(sample["id"])
+
+    ds = StreamingDataset(
+        store.snapshot(), shuffle=shuffle, prefetch_chunks=3, transform=note_first
+    )
+    assert sorted(ds) == list(range(N))
+    if shuffle:  # the first window's chunks, and those read ahead of its last
+        assert len(seen_at_first[0]) > 1
+    else:
+        assert seen_at_first == [[chunks[0]]]
+    assert set(submitted) == set(chunks)
 
 
 def _tensors(batch: list[dict[str, Any]]) -> dict[str, Any]:

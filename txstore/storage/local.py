@@ -185,8 +185,9 @@ class LocalStorage(Storage):
         # (measured: 5 to 9 times the CPU for a 64 MiB chunk). Chunk files are replaced, never
         # truncated in place, so a mapped file cannot shrink under its reader (no SIGBUS).
         # os.open, not open(): each syscall lets go of the GIL, and a prefetch thread waits up
-        # to 5 ms to get it back from the busy decoding thread; open() makes five (fstat,
-        # ioctl, lseek...), this makes three (W2 reads, default: 92,000 -> 99,000 samples/s).
+        # to 5 ms to get it back from the busy decoding thread. open() and a size check made
+        # eight syscalls (fstat three times, ioctl, lseek), this makes four (W2 reads, default:
+        # about 92,000 -> 99,000 samples/s).
         try:
             fd = os.open(self._path(key), os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:

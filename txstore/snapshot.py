@@ -151,16 +151,27 @@ class ChunkReader:
                     out[names[frame.column]] = value
         return out
 
-    def read_whole(
-        self, src: Source, version: int, digest: bool = True
-    ) -> tuple[bytes | memoryview, ChunkLayout, bool]:
-        """A source's bytes and layout, and whether its digest checked them all (else each
-        frame's checksum is checked as it is decoded). ``digest=False`` leaves the checks to
-        the frames, for a reader that wants its first sample before the whole file is read."""
+    def map_whole(self, chunk: ChunkRef, version: int) -> dict[str, bytes | memoryview]:
+        """The buffers of the sources ``fetch`` reads whole (fields None), by path: cheap
+        for local storage (a map), which a caller may do on one thread and ``fetch`` on
+        another."""
+        return {src.path: self._buffer(src, version) for src in sources(chunk) if not src.hidden}
+
+    def _buffer(self, src: Source, version: int) -> bytes | memoryview:
         try:
-            data = self.storage.read_buffer(src.path)
+            return self.storage.read_buffer(src.path)
         except NotFoundError:
             raise self._missing(src.path, version) from None
+
+    def read_whole(
+        self, src: Source, version: int, digest: bool = True, data: bytes | memoryview | None = None
+    ) -> tuple[bytes | memoryview, ChunkLayout, bool]:
+        """A source's bytes (read now, unless given) and layout, and whether its digest
+        checked them all (else each frame's checksum is checked as it is decoded).
+        ``digest=False`` leaves the checks to the frames, for a reader that wants its first
+        sample before the whole file is read."""
+        if data is None:
+            data = self._buffer(src, version)
         where = self._where(src.path, version)
         tail = memoryview(data)[src.footer_offset :]
         if len(data) != src.size or crc32(tail) != src.crc32:
@@ -193,16 +204,23 @@ class ChunkReader:
         return Ranges(pieces)
 
     def fetch(
-        self, chunk: ChunkRef, version: int, fields: frozenset[str] | None, digest: bool = True
+        self,
+        chunk: ChunkRef,
+        version: int,
+        fields: frozenset[str] | None,
+        digest: bool = True,
+        mapped: dict[str, bytes | memoryview] | None = None,
     ) -> Fetched:
         """Read what the samples of ``chunk`` need for ``fields``: whole files, or only the
         frames of the fields asked for when that is a part of a file. Whole files are checked
-        against their digest, unless ``digest`` is False (see ``read_whole``)."""
+        against their digest, unless ``digest`` is False (see ``read_whole``); ``mapped``
+        holds those already read (``map_whole``)."""
         parts: list[tuple[Source, ChunkLayout, FileBytes, frozenset[str] | None]] = []
         verified: set[str] = set()
         for src in sources(chunk):
             if fields is None and not src.hidden:
-                data, layout, whole = self.read_whole(src, version, digest)
+                given = None if mapped is None else mapped.get(src.path)
+                data, layout, whole = self.read_whole(src, version, digest, given)
                 parts.append((src, self._remember(src, layout), data, None))
                 if whole:
                     verified.add(src.path)

@@ -149,22 +149,36 @@ def merge_mds_partitions(out: Path) -> None:
     merge_index(str(out), keep_local=True)
 
 
-def run_mds_processes(out: Path, inputs: Sequence[int], workers: int, first_part: int) -> None:
-    """``workers`` forked processes, each writing partition part_NNNNN of the inputs."""
-    assert _WORKLOAD is not None
+def shares(inputs: Sequence[int], workers: int) -> list[Sequence[int]]:
+    """The inputs cut into ``workers`` contiguous shares, in order."""
+    return [
+        inputs[w * len(inputs) // workers : (w + 1) * len(inputs) // workers]
+        for w in range(workers)
+    ]
+
+
+def run_forked(target: Callable[..., None], jobs: Sequence[tuple[Any, ...]], what: str) -> None:
+    """One forked process per job (``target(*job)``), all at once; raise if any failed."""
     ctx = multiprocessing.get_context("fork")
-    procs = []
-    for w in range(workers):
-        share = inputs[w * len(inputs) // workers : (w + 1) * len(inputs) // workers]
-        part = str(out / f"part_{first_part + w:05d}")
-        proc = ctx.Process(target=mds_partition, args=(part, _WORKLOAD.mds_columns, share))
+    procs = [ctx.Process(target=target, args=job) for job in jobs]
+    for proc in procs:
         proc.start()
-        procs.append(proc)
     for proc in procs:
         proc.join()
     failed = [p.exitcode for p in procs if p.exitcode != 0]
     if failed:
-        raise RuntimeError(f"MDS partition processes exited with {failed}")
+        raise RuntimeError(f"{what} processes exited with {failed}")
+
+
+def run_mds_processes(out: Path, inputs: Sequence[int], workers: int, first_part: int) -> None:
+    """``workers`` forked processes, each writing partition part_NNNNN of the inputs."""
+    assert _WORKLOAD is not None
+    columns = _WORKLOAD.mds_columns
+    jobs = [
+        (str(out / f"part_{first_part + w:05d}"), columns, share)
+        for w, share in enumerate(shares(inputs, workers))
+    ]
+    run_forked(mds_partition, jobs, "MDS partition")
 
 
 def run_mds(out: Path, inputs: Sequence[int], workers: int) -> str:
@@ -178,20 +192,8 @@ def run_mds(out: Path, inputs: Sequence[int], workers: int) -> str:
     return f"uncompressed, {workers} forked partitions + merge_index"
 
 
-def run_plain(out: Path, inputs: Sequence[int]) -> str:
-    """The physical limit: fn's payload bytes into one file (1 MiB buffer), then fsync."""
-    assert _WORKLOAD is not None
-    key = _WORKLOAD.payload_field
-    out.mkdir(parents=True)
-    with open(out / "payload.bin", "wb", buffering=ba.PLAIN_BUFFER_BYTES) as f:
-        for index in inputs:
-            f.write(build_sample(index)[key])
-        f.flush()
-        os.fsync(f.fileno())
-    return "payload bytes only, one file, write + fsync"
-
-
 def _plain_part(path: Path, inputs: Sequence[int]) -> None:
+    """fn's payload bytes into one file (1 MiB buffer), then fsync."""
     assert _WORKLOAD is not None
     key = _WORKLOAD.payload_field
     with open(path, "wb", buffering=ba.PLAIN_BUFFER_BYTES) as f:
@@ -201,22 +203,19 @@ def _plain_part(path: Path, inputs: Sequence[int]) -> None:
         os.fsync(f.fileno())
 
 
+def run_plain(out: Path, inputs: Sequence[int]) -> str:
+    """The physical limit for one writer."""
+    out.mkdir(parents=True)
+    _plain_part(out / "payload.bin", inputs)
+    return "payload bytes only, one file, write + fsync"
+
+
 def run_plain_processes(out: Path, inputs: Sequence[int], workers: int) -> str:
     """The limit for ``workers`` processes: each writes its share of the payloads to a file
     of its own and fsyncs it (the disk may take more than one writer's stream)."""
     out.mkdir(parents=True)
-    ctx = multiprocessing.get_context("fork")
-    procs = []
-    for w in range(workers):
-        share = inputs[w * len(inputs) // workers : (w + 1) * len(inputs) // workers]
-        proc = ctx.Process(target=_plain_part, args=(out / f"payload-{w}.bin", share))
-        proc.start()
-        procs.append(proc)
-    for proc in procs:
-        proc.join()
-    failed = [p.exitcode for p in procs if p.exitcode != 0]
-    if failed:
-        raise RuntimeError(f"plain writer processes exited with {failed}")
+    jobs = [(out / f"payload-{w}.bin", share) for w, share in enumerate(shares(inputs, workers))]
+    run_forked(_plain_part, jobs, "plain writer")
     return f"payload bytes only, {workers} forked processes, a file each, write + fsync"
 
 

@@ -46,6 +46,28 @@ def test_read_buffer_is_the_whole_object_and_outlives_a_delete(storage: Storage)
         storage.read_buffer("chunks/big.chunk")
 
 
+def test_is_cached_says_where_a_read_would_not_wait(storage: Storage, backend: Backend) -> None:
+    """Memory always; local files once in the page cache (they are, just written and read);
+    S3 never. A missing key is not cached, and asking never raises."""
+    storage.write("chunks/c.chunk", bytes(3 * 4096 + 5))
+    assert len(storage.read("chunks/c.chunk")) == 3 * 4096 + 5
+    assert storage.is_cached("chunks/c.chunk") is (backend.name in ("local", "memory"))
+    assert storage.is_cached("chunks/absent.chunk") is False
+
+
+def test_a_local_file_out_of_the_page_cache_is_not_cached(tmp_path: Path) -> None:
+    storage = open_storage(str(tmp_path))
+    storage.write("chunks/c.chunk", bytes(range(256)) * 4096)  # written durably: clean pages
+    fd = os.open(tmp_path / "chunks" / "c.chunk", os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # drops clean, unmapped pages
+    finally:
+        os.close(fd)
+    assert storage.is_cached("chunks/c.chunk") is False
+    assert storage.read("chunks/c.chunk") == bytes(range(256)) * 4096
+    assert storage.is_cached("chunks/c.chunk") is True
+
+
 def test_missing_keys_raise_not_found(storage: Storage) -> None:
     with pytest.raises(NotFoundError):
         storage.read("nope")

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -21,6 +22,7 @@ from txstore.torch import (  # noqa: E402
     ResumeMismatchError,
     StreamingDataLoader,
     StreamingDataset,
+    _ChunkFetcher,
 )
 
 from .conftest import Backend, make_backend  # noqa: E402
@@ -338,6 +340,36 @@ def test_chunks_are_read_ahead_only_once_the_first_sample_is_out(
     else:
         assert seen_at_first == [[chunks[0]]]
     assert set(submitted) == set(chunks)
+
+
+@pytest.mark.parametrize("cached", [True, False])
+def test_chunks_in_memory_are_checked_on_one_thread_and_chunks_on_disk_on_several(
+    tmp_path: Path, cached: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Checking a chunk in the page cache is CPU work alone: one thread does it, beside the
+    decoding thread. Chunks still on disk wait on reads, which run in parallel."""
+    store = _store(str(tmp_path / "s"))
+    chunks = store.snapshot().chunks()
+    if not cached:
+        for chunk in chunks:
+            fd = os.open(tmp_path / "s" / chunk.path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+    threads: dict[str, str] = {}
+    fetch = _ChunkFetcher._fetch
+
+    def record(self: _ChunkFetcher, chunk: Any, digest: bool, mapped: Any) -> Any:
+        threads[chunk.path] = threading.current_thread().name.rsplit("_", 1)[0]
+        return fetch(self, chunk, digest, mapped)
+
+    monkeypatch.setattr(_ChunkFetcher, "_fetch", record)
+    ds = StreamingDataset(store.snapshot(), prefetch_chunks=3)
+    assert sorted(int(s["id"]) for s in ds) == list(range(N))
+    assert threads[chunks[0].path] == "txstore-fetch"  # checked as it is decoded
+    read_ahead = {threads[c.path] for c in chunks[1:]}
+    assert read_ahead == {"txstore-check" if cached else "txstore-fetch"}
 
 
 def _tensors(batch: list[dict[str, Any]]) -> dict[str, Any]:

@@ -47,6 +47,11 @@ class Storage(ABC):
         file instead: no copy, no fresh memory. Only for objects never rewritten (chunks)."""
         return self.read(key)
 
+    def is_cached(self, key: str) -> bool:
+        """Whether reading the object now is answered from memory, with no wait on a disk or
+        the network (a hint: False where a backend cannot tell cheaply)."""
+        return False
+
     @abstractmethod
     def read_range(self, key: str, start: int, end: int) -> bytes:
         """Bytes [start, end) of the object; shorter only if the object is shorter."""

@@ -179,6 +179,25 @@ class LocalStorage(Storage):
                 mapped.madvise(mmap.MADV_WILLNEED)
         return memoryview(mapped)
 
+    def is_cached(self, key: str) -> bool:
+        """Whether the file's last byte is in the page cache: a one-byte read that fails
+        rather than wait for the disk (``RWF_NOWAIT``, Linux). Files are read from the start,
+        so a file cached to its end is cached whole, most likely."""
+        nowait = getattr(os, "RWF_NOWAIT", None)
+        if nowait is None or not hasattr(os, "preadv"):
+            return False
+        try:
+            fd = os.open(self._path(key), os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return False
+        try:
+            size = os.fstat(fd).st_size
+            return size == 0 or os.preadv(fd, [bytearray(1)], size - 1, nowait) == 1
+        except OSError:  # BlockingIOError: not cached; others: the filesystem cannot tell
+            return False
+        finally:
+            os.close(fd)
+
     def _map(self, key: str) -> mmap.mmap | None:
         """The file mapped read-only; None when it is empty (which cannot be mapped)."""
         # A map costs page-table entries where ``read`` would zero and fill fresh memory

@@ -46,6 +46,9 @@ class MemoryStorage(Storage):
         with self._lock:
             return self._get(key)
 
+    def is_cached(self, key: str) -> bool:
+        return self.exists(key)
+
     def read_range(self, key: str, start: int, end: int) -> bytes:
         with self._lock:
             return self._get(key)[start:end]

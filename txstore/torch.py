@@ -140,10 +140,10 @@ class _ChunkFetcher:
         self._max_cache_size = max_cache_size
         self._pool = ThreadPoolExecutor(max(1, ahead), thread_name_prefix="txstore-fetch")
         # A chunk already in memory is only hashed: CPU work, which two threads beside the
-        # decoding thread on two cores did by turns with it (W2 warm reads, default: 82,000-
-        # 95,000 samples/s; one thread for them, 105,000-108,000). Chunks still on disk or
-        # remote wait on I/O, and read faster in parallel (W2 cold: 20,600-23,900 samples/s
-        # with two threads, 18,200-19,800 with one).
+        # decoding thread on two cores took its core by turns for (W2 warm reads, default,
+        # alternated runs: 78,000-89,000 samples/s, and 101,000-106,000 with one thread for
+        # them). Chunks still on disk or remote wait on I/O, and read faster in parallel
+        # (W2 cold: 20,600-23,900 samples/s with two threads, 18,200-19,800 with one).
         self._cached_pool = ThreadPoolExecutor(1, thread_name_prefix="txstore-check")
         self._ahead = ahead
         self._finished: list[str] = []

@@ -145,6 +145,8 @@ class _ChunkFetcher:
         # them). Chunks still on disk or remote wait on I/O, and read faster in parallel
         # (W2 cold: 20,600-23,900 samples/s with two threads, 18,200-19,800 with one).
         self._cached_pool = ThreadPoolExecutor(1, thread_name_prefix="txstore-check")
+        # Local chunks read whole are mapped on the decoding thread (``_map``).
+        self._maps_whole_files = self._cache is None and snapshot.fields is None
         self._ahead = ahead
         self._finished: list[str] = []
         self._chunks: list[ChunkRef] = []
@@ -157,7 +159,7 @@ class _ChunkFetcher:
         to raise in turn). Each syscall on a prefetch thread is a GIL round trip, up to the 5 ms
         switch interval behind the busy decoding thread; left there, mapping made the chunks
         read ahead late (W2 reads, default: about 89,000 -> 94,000 samples/s, 8 runs each)."""
-        if self._cache is not None or self._snapshot.fields is not None:
+        if not self._maps_whole_files:
             return None
         try:
             return self._remote.map_whole(chunk, self._snapshot.version)
@@ -224,11 +226,11 @@ class _ChunkFetcher:
                 # 0.34 against 0.16 s to the first batch of W1); the chunks read ahead are
                 # checked whole, in the pools' threads.
                 chunk = self._chunks[j]
-                mapped = self._map(chunk)
                 hashed = j > 0
-                pool = self._pool
-                if hashed and isinstance(mapped, dict) and self._cached(chunk):
-                    pool = self._cached_pool
+                # Asked before the map, whose read-ahead may bring in a small file meanwhile.
+                cached = hashed and self._maps_whole_files and self._cached(chunk)
+                mapped = self._map(chunk)
+                pool = self._cached_pool if cached and isinstance(mapped, dict) else self._pool
                 self._futures[j] = pool.submit(self._fetch, chunk, hashed, mapped)
 
     def _cached(self, chunk: ChunkRef) -> bool:

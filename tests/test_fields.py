@@ -118,6 +118,23 @@ def test_field_added_twice_and_samples_with_different_keys(backend: Backend) -> 
     assert first[6] == {"id": 6}  # even, no text: the function left the field out
 
 
+def test_a_field_left_out_is_absent_in_blocks_of_one_sample(backend: Backend) -> None:
+    """Blocks of one sample (large samples) build each sample's dict as their frames are
+    decoded; a frame of the added field that holds the 'absent' marker leaves the key out."""
+    store = txstore.create(backend.uri, block_bytes=1, **backend.kwargs())
+    store.append({"id": i, "jpeg": bytes([i]) * 300} for i in range(12))
+    add_fields(store, lambda s: {"thumb": b"t%d" % s["id"]} if s["id"] % 3 else {}, ["thumb"])
+    expected = [
+        {"id": i, "jpeg": bytes([i]) * 300, **({"thumb": b"t%d" % i} if i % 3 else {})}
+        for i in range(12)
+    ]
+    for snap in (store.snapshot(), store.snapshot().zero_copy()):
+        for got in (list(snap), [snap[i] for i in range(12)]):
+            assert [
+                {k: bytes(v) if isinstance(v, memoryview) else v for k, v in s.items()} for s in got
+            ] == expected
+
+
 def test_batched_with_worker_processes(backend: Backend) -> None:
     store = _store(backend)
 

@@ -110,8 +110,11 @@ def test_zero_copy_gives_top_level_bytes_as_views_and_the_rest_as_ever(
     assert type(store.snapshot()[len(samples)]["blob"]) is bytes  # not asked for
 
 
-def test_zero_copy_gives_views_in_blocks_with_absent_and_mixed_values(backend: Backend) -> None:
-    store = _create(backend)  # default blocks: all 40 samples in one
+@pytest.mark.parametrize("block_bytes", [None, 1])  # all 40 samples in one block; one each
+def test_zero_copy_gives_views_in_blocks_with_absent_and_mixed_values(
+    backend: Backend, block_bytes: int | None
+) -> None:
+    store = _create(backend) if block_bytes is None else _create(backend, block_bytes=block_bytes)
     samples: list[dict[str, Any]] = []
     for i in range(40):
         sample: dict[str, Any] = {"mixed": b"m%d" % i if i % 3 else None}

@@ -120,7 +120,7 @@ def test_field_added_twice_and_samples_with_different_keys(backend: Backend) -> 
 
 def test_a_field_left_out_is_absent_in_blocks_of_one_sample(backend: Backend) -> None:
     """Blocks of one sample (large samples) build each sample's dict as their frames are
-    decoded; a frame of the added field that holds the 'absent' marker leaves the key out."""
+    decoded: a sample the function gave no value lacks the key, in copies and in views."""
     store = txstore.create(backend.uri, block_bytes=1, **backend.kwargs())
     store.append({"id": i, "jpeg": bytes([i]) * 300} for i in range(12))
     add_fields(store, lambda s: {"thumb": b"t%d" % s["id"]} if s["id"] % 3 else {}, ["thumb"])

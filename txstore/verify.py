@@ -30,7 +30,7 @@ from .maintenance import (
     read_manifests,
     retained_versions,
 )
-from .refs import LEASES, RETENTION_KEY, TAGS, Refs
+from .refs import LEASES, RETENTION_KEY, TAGS, Refs, is_tag_key
 from .segments import Segments
 from .snapshot import Snapshot
 from .storage import FileInfo
@@ -194,7 +194,11 @@ def _check_refs(refs: Refs, manifests: dict[int, fmt.Manifest]) -> list[Problem]
             continue
         kind: type[Tag] | type[LeaseRecord] = Tag if key.startswith(TAGS) else LeaseRecord
         try:
-            doc = fmt.decode(data, kind, f"{storage.uri}/{key}")
+            doc = (
+                refs.decode_tag(key, data)  # also checks the name against the key's
+                if is_tag_key(key)
+                else fmt.decode(data, kind, f"{storage.uri}/{key}")
+            )
         except TxstoreError as e:
             problems.append(Problem(key, str(e)))
             continue

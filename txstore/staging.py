@@ -110,8 +110,10 @@ def check_part(part: StagedPart) -> None:
             )
         if not (_is_count(chunk.crc32) and chunk.crc32 < 1 << 32):
             raise CorruptError(f"{at}: bad crc32 {chunk.crc32!r}")
-        if not (isinstance(chunk.digest, str) and _DIGEST.fullmatch(chunk.digest)):
-            raise CorruptError(f"{at}: bad or missing digest {chunk.digest!r}")
+        if chunk.digest is not None and not (
+            isinstance(chunk.digest, str) and _DIGEST.fullmatch(chunk.digest)
+        ):
+            raise CorruptError(f"{at}: bad digest {chunk.digest!r}")
         if chunk.field_files or chunk.hidden:  # only add_fields makes these, never a writer
             raise CorruptError(f"{at}: a staged chunk has no field files or hidden columns")
         total += chunk.num_samples
@@ -142,10 +144,21 @@ def check_files(storage: Storage, part: StagedPart) -> None:
         tail = view[chunk.footer_offset :]
         if crc32(tail) != chunk.crc32:
             raise ChecksumError(f"{at} does not match its checksum")
-        if chunk_digest(view[: chunk.footer_offset]) != chunk.digest:
+        body_checked = chunk.digest is not None
+        if body_checked and chunk_digest(view[: chunk.footer_offset]) != chunk.digest:
             raise ChecksumError(f"{at} does not match its digest")
         check_header(view, at)
-        found = parse_footer(tail, at).block_starts[-1]
+        layout = parse_footer(tail, at)
+        if not body_checked:  # written without a digest (format 1.1): check every frame
+            for block in layout.footer.blocks:
+                for f in block.frames:
+                    stored = view[f.offset : f.offset + f.length]
+                    if (
+                        f.offset + f.length > chunk.footer_offset
+                        or layout.check(stored) != f.checksum
+                    ):
+                        raise ChecksumError(f"{at}: checksum mismatch in a frame at {f.offset}")
+        found = layout.block_starts[-1]
         if found != chunk.num_samples:
             raise CorruptError(f"{at} holds {found} samples, the part says {chunk.num_samples}")
 

@@ -18,12 +18,11 @@ from .format.chunk import parse_footer
 from .format.codec import crc32
 from .format.manifest import LeaseRecord, Retention, Tag
 from .maintenance import (
-    DATA_PREFIXES,
     DataFile,
     Problem,
     Progress,
+    collectable,
     data_files,
-    is_temp,
     no_progress,
     parallel,
     reach,
@@ -144,11 +143,8 @@ def verify(
                 samples += got
 
     keys = needed.keys
-    orphans = [
-        f
-        for key, f in listing.items()
-        if is_temp(key) or (key.startswith(DATA_PREFIXES) and key not in keys and not _hidden(key))
-    ]
+    # Exactly what vacuum would consider deleting.
+    orphans = [f for key, f in listing.items() if key not in keys and collectable(key)]
     return VerifyReport(
         latest=latest,
         versions=len(keep),
@@ -160,10 +156,6 @@ def verify(
         orphans=orphans,
         deep=deep,
     )
-
-
-def _hidden(key: str) -> bool:
-    return key.rpartition("/")[2].startswith(".")
 
 
 def _unique(problems: list[Problem]) -> list[Problem]:

@@ -2,7 +2,8 @@
 
 Every document carries ``format`` ("txstore") and ``format_version`` [major, minor]; a reader
 refuses a newer major version and anything that is not a txstore document. Every path a
-document names is checked to stay inside the store's root.
+document names is checked to stay inside the store's root, and a data file's path to lie in
+its data folder.
 """
 
 from __future__ import annotations
@@ -25,6 +26,46 @@ def check_path(path: str, where: str) -> str:
     if not _SAFE_PATH.fullmatch(path) or any(p in (".", "..") for p in path.split("/")):
         raise CorruptError(f"{where} names an unsafe path {path!r} (outside the store root)")
     return path
+
+
+#: The data folders: chunk files and field files live directly in ``chunks/``, segment files
+#: directly in ``segments/``, and nowhere else. These are the only folders vacuum deletes
+#: from, so a document naming a data file elsewhere (say ``versions/x.chunk``) is corrupt:
+#: otherwise a forged reference would make a metadata folder look like data.
+CHUNKS = "chunks/"
+SEGMENTS = "segments/"
+DATA_PREFIXES = (CHUNKS, SEGMENTS)
+# A file name in a data folder: no sub-folder, and no leading dot (lock files, hidden files
+# and the local backend's ".tmp." files are never data).
+_DATA_NAME = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]*")
+
+
+def is_data_path(path: str, folder: str) -> bool:
+    """Whether ``path`` names a file directly in the data folder ``folder``."""
+    return path.startswith(folder) and _DATA_NAME.fullmatch(path[len(folder) :]) is not None
+
+
+def is_data_key(key: str) -> bool:
+    """Whether ``key`` could be a data file (a chunk, field or segment file) of the store."""
+    return any(is_data_path(key, folder) for folder in DATA_PREFIXES)
+
+
+def check_data_path(path: str, folder: str, where: str) -> str:
+    """A data file's path, refused unless it lies directly in its data folder ``folder``."""
+    check_path(path, where)
+    if not is_data_path(path, folder):
+        raise CorruptError(
+            f"{where} names a data file outside {folder}: {path!r} (data files of this kind "
+            f"live only directly in {folder})"
+        )
+    return path
+
+
+def check_chunk_paths(chunk: ChunkRef, where: str) -> None:
+    """A chunk reference's chunk file and field files lie in ``chunks/``."""
+    check_data_path(chunk.path, CHUNKS, where)
+    for extra in chunk.field_files:
+        check_data_path(extra.path, CHUNKS, where)
 
 
 class StoreConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=False):
@@ -194,9 +235,7 @@ def decode(data: bytes, kind: type[D], where: str) -> D:
 def _check_paths(doc: _Document, where: str) -> None:
     if isinstance(doc, Manifest):
         for seg in doc.segments:
-            check_path(seg.path, where)
+            check_data_path(seg.path, SEGMENTS, where)
     elif isinstance(doc, Segment):
         for chunk in doc.chunks:
-            check_path(chunk.path, where)
-            for extra in chunk.field_files:
-                check_path(extra.path, where)
+            check_chunk_paths(chunk, where)

@@ -470,9 +470,11 @@ class ChunkBuilder:
                     f"a value of {_value_bytes(value) - 5} bytes or more; the format holds at "
                     f"most {MAX_VALUE_BYTES} bytes a value"
                 )
-            elif len(rows) > 1 and 5 + sum(
-                _value_bytes(row[j]) for row in rows[:-1] if j < len(row)
-            ) > MAX_VALUE_BYTES:
+            elif (
+                len(rows) > 1
+                and 5 + sum(_value_bytes(row[j]) for row in rows[:-1] if j < len(row))
+                > MAX_VALUE_BYTES
+            ):
                 why = (
                     "this key's values in one block would pass 4 GiB (a frame's offsets are "
                     "32-bit): lower block_bytes"

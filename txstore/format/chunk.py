@@ -20,7 +20,6 @@ import struct
 from bisect import bisect_right
 from collections.abc import Iterator, Sequence
 from itertools import accumulate
-from operator import attrgetter
 from typing import Annotated, Any
 
 import msgspec
@@ -119,40 +118,51 @@ def parse_footer(
     return ChunkLayout(footer, where)
 
 
-_frame_column = attrgetter("column")
-
-
 def _check_footer(footer: ChunkFooter, footer_offset: int | None) -> str:
     """What makes a footer (its checksum valid) describe samples no reader could decode, or
-    "": once per footer, so that the decoding loop can trust it."""
+    "": once per footer, so that the decoding loop can trust it. One pass over all frames
+    (a 64 MiB chunk has thousands): half the time of decoding the footer, in one loop."""
     columns = footer.columns
-    if len(set(columns)) != len(columns):
+    width = len(columns)
+    if len(set(columns)) != width:
         return "a column name appears twice"
-    total = 0
-    low, high = HEADER.size, 2**63 if footer_offset is None else footer_offset
-    for number, block in enumerate(footer.blocks):
-        n = block.num_samples
-        total += n
-        frames = block.frames
-        used = set(map(_frame_column, frames))
-        if len(used) != len(frames):
-            return f"block {number} has two frames of one column"
-        if frames and max(used) >= len(columns):
-            return f"block {number} names column {max(used)} of {len(columns)}"
-        for frame in frames:
-            # The raw bytes end with a u32 offset per value, after at least an array header.
-            if frame.raw_length < 4 * n + 1 or (
-                frame.codec == CODEC_RAW and frame.length != frame.raw_length
-            ):
-                return f"block {number} has a frame of {frame.raw_length} raw bytes for {n} values"
-            if frame.offset < low or frame.offset + frame.length > high:
-                return (
-                    f"block {number} has a frame at [{frame.offset}, "
-                    f"{frame.offset + frame.length}), outside the frames [{low}, {high})"
-                )
+    blocks = footer.blocks
+    total = sum([b.num_samples for b in blocks])
     if total != footer.num_samples:
         return f"its blocks hold {total} samples, the footer says {footer.num_samples}"
+    low, high = HEADER.size, 2**63 if footer_offset is None else footer_offset
+    seen: set[int] = set()
+    mark = seen.add
+    frames = 0
+    for number, block in enumerate(blocks):
+        # The raw bytes end with a u32 offset per value, after at least an array header.
+        need = 4 * block.num_samples + 1
+        base = number * width
+        frames += len(block.frames)
+        for f in block.frames:
+            if (
+                f.column >= width
+                or f.offset < low
+                or f.offset + f.length > high
+                or f.raw_length < need
+                or (f.codec == CODEC_RAW and f.length != f.raw_length)
+            ):
+                return f"block {number}: {_bad_frame(f, width, low, high, need)}"
+            mark(base + f.column)
+    if len(seen) != frames:
+        return "a block has two frames of one column"
     return ""
+
+
+def _bad_frame(f: FrameIndex, width: int, low: int, high: int, need: int) -> str:
+    if f.column >= width:
+        return f"a frame names column {f.column} of {width}"
+    if f.offset < low or f.offset + f.length > high:
+        return (
+            f"a frame at [{f.offset}, {f.offset + f.length}) lies outside the frames "
+            f"[{low}, {high}) of the file"
+        )
+    return f"a frame of {f.raw_length} raw bytes ({f.length} stored) for values needing {need}"
 
 
 def check_header(data: bytes | memoryview, where: str) -> None:

@@ -311,9 +311,7 @@ class ValueDecoder:
 
     def __init__(self) -> None:
         self._decoder: msgspec.msgpack.Decoder[Any] = msgspec.msgpack.Decoder(ext_hook=_ext_hook)
-        self._sparse: msgspec.msgpack.Decoder[Any] = msgspec.msgpack.Decoder(
-            ext_hook=_sparse_hook
-        )
+        self._sparse: msgspec.msgpack.Decoder[Any] = msgspec.msgpack.Decoder(ext_hook=_sparse_hook)
         # For zero-copy reads: MessagePack bin values as read-only views of the input.
         self._view = msgspec.msgpack.Decoder(memoryview)
         self._views = msgspec.msgpack.Decoder(list[memoryview])

@@ -506,6 +506,16 @@ def test_conjugate_and_negative_views_are_stored_as_their_values(tmp_path: Path)
     assert torch.equal(back["neg"], torch.tensor([-1.5, 2.0, -0.0]))
 
 
+def test_a_negative_view_in_a_batch_travels_from_workers_as_its_values() -> None:
+    torch = pytest.importorskip("torch")
+    from txstore.torch_transport import BytesPool, Receiver, pack, unpack
+
+    batch = {"neg": torch._neg_view(torch.tensor([1.5, -2.0])), "id": torch.arange(3)}
+    back = unpack(pack(batch, BytesPool()), False, Receiver())
+    assert torch.equal(back["neg"], torch.tensor([-1.5, 2.0]))
+    assert torch.equal(back["id"], torch.arange(3))
+
+
 def test_a_meta_tensor_is_refused_naming_sample_and_key(tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     store = _store(tmp_path, [{"x": 0}])

@@ -73,9 +73,9 @@ class LazyFS:
             # In the foreground, so the process is ours to wait for and to kill. The config's
             # path is relative: LazyFS ignores a --config-path that contains "-o" (any case),
             # as pytest's temporary folders do ("pytest-of-root").
+            options = ["-o", "modules=subdir", "-o", f"subdir={self.root}", "-f"]
             self.proc = subprocess.Popen(
-                [str(BINARY), str(self.mnt), "--config-path", self.config.name]
-                + ["-o", "modules=subdir", "-o", f"subdir={self.root}", "-f"],
+                [str(BINARY), str(self.mnt), "--config-path", self.config.name, *options],
                 cwd=self.config.parent,
                 stdout=out,
                 stderr=subprocess.STDOUT,

@@ -1,11 +1,12 @@
 """One operation of a power-loss case, run in a child process on a LazyFS mount.
 
-``python -m tests.powerloss_child OP ROOT CUT VARIANT SAMPLES`` runs OP (``OPS``) on the store
-at ROOT (appends of SAMPLES samples). Its *steps* are the calls whose order durability rests on: every fsync, link, rename,
-replace and unlink. With CUT ``before:K`` or ``after:K`` the child SIGKILLs itself just before
-or just after its K-th step, so that the test can cut the power there (LazyFS then drops every
-write not fsynced yet); with ``count`` it runs to the end and prints its steps. It prints one
-JSON line per acknowledged append or finished operation, as each returns.
+``run_case(OP, ROOT, CUT, VARIANT, SAMPLES)`` runs OP (``OPS``) on the store at ROOT (appends
+of SAMPLES samples). Its *steps* are the calls whose order durability rests on: every fsync,
+link, rename, replace and unlink. With CUT ``before:K`` or ``after:K`` the process SIGKILLs
+itself just before or just after its K-th step, so that the test can cut the power there
+(LazyFS then drops every write not fsynced yet); with ``count`` it runs to the end and prints
+its steps. It prints one JSON line per acknowledged append or finished operation, as each
+returns. ``python -m tests.powerloss_child`` serves cases, each in a process of its own.
 
 VARIANT ``good`` is txstore's LocalStorage; the others are deliberately broken, to show that
 the power-loss check catches them: ``unsynced`` never fsyncs a file before publishing it,
@@ -21,6 +22,7 @@ import os
 import signal
 import sys
 import threading
+import traceback
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -172,7 +174,7 @@ def install_steps(root: str, cut: str) -> list[str]:
     return steps
 
 
-def main(op: str, root: str, cut: str, variant: str, samples: int) -> None:
+def run_case(op: str, root: str, cut: str, variant: str, samples: int) -> None:
     store = txstore.open(VARIANTS[variant](root))
     steps = install_steps(root, cut)
     OPS[op](store, samples)
@@ -180,5 +182,31 @@ def main(op: str, root: str, cut: str, variant: str, samples: int) -> None:
     emit(steps=steps)
 
 
+def serve() -> None:
+    """Run each case that arrives on stdin (one JSON list of ``run_case``'s arguments a line)
+    in a process forked from this one, which has imported txstore already; answer each with
+    one JSON line: the case's exit code (-9: killed at its cut) and what it printed."""
+    for line in sys.stdin:
+        case = json.loads(line)
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the case: its prints go to the pipe
+            os.close(read_end)
+            os.dup2(write_end, 1)
+            code = 0
+            try:
+                run_case(*case)
+            except BaseException:
+                emit(error=traceback.format_exc())
+                code = 1
+            sys.stdout.flush()
+            os._exit(code)
+        os.close(write_end)
+        with os.fdopen(read_end) as pipe:
+            out = pipe.read()
+        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        print(json.dumps({"code": code, "out": out}), flush=True)
+
+
 if __name__ == "__main__":
-    main(*sys.argv[1:5], int(sys.argv[5]))
+    serve()

@@ -91,18 +91,48 @@ def make_base(root: Path, op: str, samples: int) -> Base:
     return base
 
 
-def run_child(op: str, root: Path, cut: str, samples: int, variant: str) -> Any:
-    """The child's JSON lines and whether it killed itself at the cut."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.powerloss_child", op, str(root), cut, variant, str(samples)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    return lines, proc
+class Children:
+    """Runs each case in a child process forked from a server that has imported txstore."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.powerloss_child"],
+            cwd=REPO,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+
+    def run(
+        self, op: str, root: Path, cut: str, samples: int, variant: str
+    ) -> tuple[list[dict[str, Any]], int]:
+        """The case's JSON lines, and its exit code (-9: it killed itself at the cut)."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps([op, str(root), cut, variant, samples]) + "\n")
+        self.proc.stdin.flush()
+        answer = self.proc.stdout.readline()
+        if not answer:
+            raise AssertionError(f"the case server died ({self.proc.wait()})")
+        done = json.loads(answer)
+        return [json.loads(line) for line in done["out"].splitlines()], done["code"]
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def children() -> Iterator[Children]:
+    server = Children()
+    try:
+        yield server
+    finally:
+        server.close()
 
 
 def outcomes(op: str, base: Base, records: list[dict[str, Any]], samples: int) -> list[list[Key]]:
@@ -119,7 +149,9 @@ def outcomes(op: str, base: Base, records: list[dict[str, Any]], samples: int) -
     return [base.keys]  # compaction, add_fields and vacuum keep the samples as they are
 
 
-def check(root: Path, op: str, base: Base, records: list[dict[str, Any]], samples: int) -> list[str]:
+def check(
+    root: Path, op: str, base: Base, records: list[dict[str, Any]], samples: int
+) -> list[str]:
     """What is wrong with the store on the real folder after a power cut."""
     try:
         store = txstore.open(str(root))
@@ -161,15 +193,15 @@ def check(root: Path, op: str, base: Base, records: list[dict[str, Any]], sample
 
 
 def cut_case(
-    fs: LazyFS, op: str, cut: str, samples: int, variant: str = "good"
+    fs: LazyFS, children: Children, op: str, cut: str, samples: int, variant: str = "good"
 ) -> tuple[list[str], list[dict[str, Any]]]:
     """Run ``op`` to the cut, cut the power, check the real folder: (problems, child's lines)."""
     name = f"{op}-{variant}-{cut.replace(':', '-')}"
     base = make_base(fs.root / name, op, samples)
-    lines, proc = run_child(op, fs.mnt / name, cut, samples, variant)
-    killed = proc.returncode == -9
-    if not killed and proc.returncode != 0:
-        raise AssertionError(f"{name}: the child failed ({proc.returncode}): {proc.stderr[-3000:]}")
+    lines, code = children.run(op, fs.mnt / name, cut, samples, variant)
+    killed = code == -9
+    if not killed and code != 0:
+        raise AssertionError(f"{name}: the child failed ({code}): {lines}")
     if cut != "count" and not killed:
         raise AssertionError(f"{name}: the child finished before its cut")
     fs.clear_cache()
@@ -177,20 +209,26 @@ def cut_case(
 
 
 def sweep(
-    fs: LazyFS, op: str, samples: int, variant: str = "good", *, until_caught: bool = False
+    fs: LazyFS,
+    children: Children,
+    op: str,
+    samples: int,
+    variant: str = "good",
+    *,
+    until_caught: bool = False,
 ) -> dict[str, list[str]]:
     """Cut the power after the whole operation, then before and after each of its steps
     (up to the first cut that finds a problem, with ``until_caught``).
 
     Returns the problems found at each cut (named ``step K before|after: call path``)."""
     found: dict[str, list[str]] = {}
-    problems, lines = cut_case(fs, op, "count", samples, variant)
+    problems, lines = cut_case(fs, children, op, "count", samples, variant)
     found["after the operation returned"] = problems
     steps = next(r["steps"] for r in lines if "steps" in r)
     assert steps, f"{op} made no step"
     for k, step in enumerate(steps, start=1):
         for timing in ("before", "after"):
-            problems = cut_case(fs, op, f"{timing}:{k}", samples, variant)[0]
+            problems = cut_case(fs, children, op, f"{timing}:{k}", samples, variant)[0]
             found[f"step {k} {timing}: {step}"] = problems
             if problems and until_caught:
                 return found
@@ -198,8 +236,8 @@ def sweep(
 
 
 @pytest.mark.parametrize("op", list(OPS))
-def test_power_cut_at_every_step(lazyfs: LazyFS, samples: int, op: str) -> None:
-    found = sweep(lazyfs, op, samples)
+def test_power_cut_at_every_step(lazyfs: LazyFS, children: Children, samples: int, op: str) -> None:
+    found = sweep(lazyfs, children, op, samples)
     bad = {cut: problems for cut, problems in found.items() if problems}
     assert not bad, f"{op}: {len(bad)} of {len(found)} power cuts broke the store: {bad}"
 
@@ -207,7 +245,7 @@ def test_power_cut_at_every_step(lazyfs: LazyFS, samples: int, op: str) -> None:
 @pytest.mark.parametrize("timing", ["before", "after"])
 @pytest.mark.parametrize("call", ["fsync", "link"])
 def test_lazyfs_crash_at_the_commit_point(
-    lazyfs: LazyFS, samples: int, timing: str, call: str
+    lazyfs: LazyFS, children: Children, samples: int, timing: str, call: str
 ) -> None:
     """LazyFS kills itself at the second append's manifest (its fsync or its link): the cut
     happens inside the file system, and the writer sees the mount go away."""
@@ -217,8 +255,8 @@ def test_lazyfs_crash_at_the_commit_point(
         lazyfs.crash_at(timing, "fsync", from_rgx=rf".*\.tmp\..*\.{manifest}")
     else:  # (LazyFS matches a link's target only when given a source pattern too)
         lazyfs.crash_at(timing, "link", from_rgx=f".*{manifest}", to_rgx=f"/{manifest}")
-    lines, proc = run_child("append", lazyfs.mnt / "store", "count", samples, "good")
-    assert lazyfs.crashed(), f"LazyFS did not crash: {lines} {proc.stderr[-2000:]}"
+    lines, _ = children.run("append", lazyfs.mnt / "store", "count", samples, "good")
+    assert lazyfs.crashed(), f"LazyFS did not crash: {lines}"
     assert [r["ack"] for r in lines if "ack" in r] == ["a0"], lines
     lazyfs.unmount()
     # The manifest was fsynced before its link, and a link is durable at once (LazyFS).
@@ -231,19 +269,23 @@ def test_lazyfs_crash_at_the_commit_point(
 # -- the check has teeth: broken backends are caught -----------------------------------------
 
 
-def test_power_cut_catches_files_published_unsynced(lazyfs: LazyFS, samples: int) -> None:
+def test_power_cut_catches_files_published_unsynced(
+    lazyfs: LazyFS, children: Children, samples: int
+) -> None:
     """A backend that never fsyncs a file before linking it: after a cut, acknowledged
     appends are gone (their manifests and chunks are empty files)."""
-    problems, lines = cut_case(lazyfs, "append", "count", samples, "unsynced")
+    problems, lines = cut_case(lazyfs, children, "append", "count", samples, "unsynced")
     assert [r["ack"] for r in lines if "ack" in r] == ["a0", "a1"]
     assert problems, "a power cut after unsynced appends went unnoticed"
 
 
-def test_power_cut_between_publish_and_fsync_is_caught(lazyfs: LazyFS, samples: int) -> None:
+def test_power_cut_between_publish_and_fsync_is_caught(
+    lazyfs: LazyFS, children: Children, samples: int
+) -> None:
     """A backend that fsyncs each file only after publishing it is durable once the call
     returns, so only cuts between the link or replace and the fsync can catch it: the sweep
     must find those."""
-    found = sweep(lazyfs, "append", samples, "late-sync", until_caught=True)
+    found = sweep(lazyfs, children, "append", samples, "late-sync", until_caught=True)
     assert not found["after the operation returned"]
     caught = [cut for cut, problems in found.items() if problems]
     assert caught, "no power cut caught a file published before it was durable"

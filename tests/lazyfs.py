@@ -116,8 +116,16 @@ class LazyFS:
         parts += [f"to_rgx={to_rgx}"] if to_rgx is not None else []
         self.command("::".join(parts), "received: VALID crash fault")
 
-    def crashed(self) -> bool:
-        return self.proc is not None and self.proc.poll() is not None
+    def crashed(self, timeout: float = 10) -> bool:
+        """Whether LazyFS has died (waiting for it a while: its client may see the mount go
+        away just before the process is gone)."""
+        if self.proc is None:
+            return False
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
 
     def command(self, line: str, answer: str) -> None:
         """Send ``line`` to LazyFS's FIFO and wait for ``answer`` in its log."""

@@ -20,7 +20,11 @@ append writes many chunks and blocks and the sweep has hundreds of steps (by han
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import select
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -68,6 +72,7 @@ class Base:
     target: list[Key] = field(default_factory=list)  # the rollback's target's samples
 
 
+CASE_TIMEOUT = 120
 BASE_APPENDS = {"append": 2, "compact": 6, "add_fields": 3, "rollback": 3, "vacuum": 4}
 
 
@@ -101,6 +106,7 @@ class Children:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
+            start_new_session=True,  # its group holds the cases too: one kill ends them all
         )
 
     def run(
@@ -110,7 +116,10 @@ class Children:
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.proc.stdin.write(json.dumps([op, str(root), cut, variant, samples]) + "\n")
         self.proc.stdin.flush()
-        answer = self.proc.stdout.readline()
+        if not select.select([self.proc.stdout], [], [], CASE_TIMEOUT)[0]:
+            self.kill()
+            raise AssertionError(f"{op} {cut}: no answer after {CASE_TIMEOUT} s")
+        answer = self.proc.stdout.readline()  # the whole line: it is written at once
         if not answer:
             raise AssertionError(f"the case server died ({self.proc.wait()})")
         done = json.loads(answer)
@@ -122,8 +131,12 @@ class Children:
         try:
             self.proc.wait(30)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+            self.kill()
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +156,7 @@ def outcomes(op: str, base: Base, records: list[dict[str, Any]], samples: int) -
         a0 = [("a0", i) for i in range(samples)]
         a1 = [("a1", i) for i in range(samples)]
         allowed = [base.keys, base.keys + a0, base.keys + a0 + a1]
-        return [o for o in allowed if all(k in o for tag in acked for k in [(tag, 0)])]
+        return [o for o in allowed if all((tag, 0) in o for tag in acked)]
     if op == "rollback":
         return [base.target] if done else [base.keys, base.target]
     return [base.keys]  # compaction, add_fields and vacuum keep the samples as they are

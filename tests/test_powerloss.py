@@ -15,7 +15,7 @@ system, so a name is durable at once and a missing fsync of a folder goes unnoti
 catches missing or misplaced fsyncs of files and data published before it is durable.
 
 ``--powerloss-samples N`` (default 6) makes every append N samples: with a few hundred, an
-append writes many chunks and blocks and the sweep has hundreds of steps (by hand).
+append writes many chunks and blocks, and the two appends make about a hundred steps (by hand).
 """
 
 from __future__ import annotations

@@ -44,14 +44,14 @@ if ! dpkg -s $packages >/dev/null 2>&1; then
   [ "$(id -u)" = 0 ] || give_up "Debian packages missing ($packages) and not root to install them"
   command -v apt-get >/dev/null || give_up "Debian packages missing ($packages) and no apt-get"
   echo "installing $packages for the power-loss tests"
-  apt-get update -qq >"$out/apt.log" 2>&1 \
-    && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $packages >>"$out/apt.log" 2>&1 \
+  timeout 900 apt-get update -qq >"$out/apt.log" 2>&1 \
+    && DEBIAN_FRONTEND=noninteractive timeout 900 apt-get install -y -qq $packages >>"$out/apt.log" 2>&1 \
     || give_up "apt-get install $packages failed: $(tail -n 3 "$out/apt.log" | tr '\n' ' ')"
 fi
 
 echo "building LazyFS from $src into $out"
 rm -rf "$out/lazyfs" "$out/libs" "$out/build.log" "$out/ready"
-"$src/build-offline.sh" "$out" >"$out/build-offline.out" 2>&1 \
+timeout 1800 "$src/build-offline.sh" "$out" >"$out/build-offline.out" 2>&1 \
   || give_up "the LazyFS build failed: $(tail -n 5 "$out/build-offline.out" | tr '\n' ' ')"
 [ -x "$binary" ] || give_up "the LazyFS build made no $binary"
 echo "$stamp" >"$out/ready"

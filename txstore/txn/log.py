@@ -110,9 +110,12 @@ class VersionLog:
         hint = self._head_hint()
         galloped = hint is None or not self._exists(hint)
         version = self._gallop() if hint is None or galloped else hint
+        # The search ends on a miss at version + 1: no need to probe it again at once.
+        probe = not galloped
         while True:
-            while self._exists(version + 1):
+            while probe and self._exists(version + 1):
                 version += 1
+            probe = True
             if not (strict or galloped) or not self._exists(version + 2):
                 return version
             # n+2 exists. Its writer read n+1 first, so n+1 absent now (after n+2 was seen)

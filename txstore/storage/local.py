@@ -308,14 +308,14 @@ class LocalStorage(Storage):
     def list(self, prefix: str) -> Iterator[FileInfo]:
         # Folders may be symlinks to folders elsewhere (chunks/ on another disk): followed,
         # as reads follow them, so verify and vacuum see what reads see. A link into a tree
-        # listed already (the root's own, or one linked before) or around one is not
-        # followed: its files would appear under a second key, which vacuum could take for
-        # garbage, and a link to a folder above it would loop.
+        # listed already (the root's own, or one linked before) or around one is refused:
+        # its files would have two keys, and vacuum could delete one as garbage (a segment
+        # listed as chunks/x.json); a link to a folder above it would loop.
         folder = prefix.rpartition("/")[0]
         start = self._path(folder) if folder else self.root
         trees = [os.path.realpath(self.root)]
-        if folder and os.path.islink(start) and not self._follow(start, trees):
-            return
+        if folder and os.path.islink(start):
+            self._follow(start, trees)
         stack = [(start, folder)]
         while stack:
             path, rel = stack.pop()
@@ -328,13 +328,13 @@ class LocalStorage(Storage):
             for entry in entries:
                 key = f"{rel}/{entry.name}" if rel else entry.name
                 try:
-                    is_dir = entry.is_dir()
-                    if is_dir and entry.is_symlink() and not self._follow(entry.path, trees):
-                        continue
+                    is_dir, is_link = entry.is_dir(), entry.is_symlink()
                 except OSError:
                     continue
                 if is_dir:
                     if (key + "/").startswith(prefix) or prefix.startswith(key + "/"):
+                        if is_link:
+                            self._follow(entry.path, trees)
                         folders.append((entry.path, key))
                     continue
                 if not key.startswith(prefix):
@@ -346,15 +346,17 @@ class LocalStorage(Storage):
                 yield FileInfo(key, st.st_size, st.st_mtime)
             stack.extend(reversed(folders))
 
-    @staticmethod
-    def _follow(link: str, trees: builtins.list[str]) -> bool:
-        """Whether to list the folder a symlink points to (and remember it if so)."""
+    def _follow(self, link: str, trees: builtins.list[str]) -> None:
+        """Check that a symlinked folder leads to a tree of its own, and remember it."""
         target = os.path.realpath(link)
         for tree in trees:
             if os.path.commonpath([target, tree]) in (target, tree):  # one holds the other
-                return False
+                raise StorageError(
+                    f"cannot list {self.root}: {link} is a symlink to {target}, which "
+                    f"overlaps {tree}, listed already: its files would have two names (and "
+                    "vacuum could delete one as garbage). Link each folder to a place of its own"
+                )
         trees.append(target)
-        return True
 
     def delete(self, key: str) -> None:
         with self._maps_lock:

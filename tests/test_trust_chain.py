@@ -67,6 +67,8 @@ def test_an_append_never_commits_into_a_hole(backend: Backend) -> None:
         writer.append(_samples(99), txn_id="late")
     assert _files(raw, "versions/") == versions  # nothing committed
     assert _files(raw, "chunks/") == chunks  # and its chunks cleaned up
+    with pytest.raises(CorruptError, match="chain of versions is broken"):
+        writer.append(_samples(2), txn_id="batch-2")  # a retry of the lost version's txn
     # A reader sees every acknowledged append past the hole.
     reader = _reopen(backend)
     assert reader.version == 10

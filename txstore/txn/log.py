@@ -197,7 +197,14 @@ class VersionLog:
         except NotFoundError:
             return None
         marker = fmt.decode(data, TxnMarker, f"{self.storage.uri}/{key}")
-        found = self.read(marker.version)
+        try:
+            found = self.read(marker.version)
+        except VersionNotFoundError:  # markers name committed versions only
+            raise CorruptError(
+                f"{self.storage.uri}/{key} says version {marker.version} committed "
+                f"transaction {txn_id!r}, but that version is missing: the chain of versions "
+                "is broken (run `txstore verify`)"
+            ) from None
         if found.txn_id != txn_id or found.commit_id != marker.commit_id:
             raise CorruptError(
                 f"{self.storage.uri}/{key} names version {marker.version}, "

@@ -269,8 +269,8 @@ class Refs:
         ref being created) protects them.
         """
         listed = find_expired(self.retention()[0], version)
-        if listed is None:
-            return
+        if listed is None or version >= self.log.latest_version():
+            return  # the latest never expires: a record listing it is damaged or forged
         if any(key != own_key for key in self.protection(now).get(version, ())):
             return
         raise VersionExpiredError(

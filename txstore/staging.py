@@ -28,9 +28,8 @@ from typing import Any
 
 import msgspec
 
-from .errors import ChecksumError, ConflictError, CorruptError, NotFoundError, TxstoreError
-from .format.chunk import HEADER, TRAILER, check_header, parse_footer
-from .format.codec import chunk_digest, crc32
+from .errors import ConflictError, CorruptError, NotFoundError, TxstoreError
+from .format.chunk import HEADER, TRAILER, check_file
 from .format.manifest import CHUNKS, ChunkRef, StoreConfig, check_data_path
 from .storage import Storage, open_storage
 from .store import Commit, Store
@@ -138,26 +137,14 @@ def check_files(storage: Storage, part: StagedPart) -> None:
             data = storage.read_buffer(chunk.path)
         except NotFoundError:
             raise CorruptError(f"{at} does not exist") from None
-        view = memoryview(data)
-        if len(view) != chunk.size:
-            raise CorruptError(f"{at} is {len(view)} bytes, the part says {chunk.size}")
-        tail = view[chunk.footer_offset :]
-        if crc32(tail) != chunk.crc32:
-            raise ChecksumError(f"{at} does not match its checksum")
-        body_checked = chunk.digest is not None
-        if body_checked and chunk_digest(view[: chunk.footer_offset]) != chunk.digest:
-            raise ChecksumError(f"{at} does not match its digest")
-        check_header(view, at)
-        layout = parse_footer(tail, at)
-        if not body_checked:  # written without a digest (format 1.1): check every frame
-            for block in layout.footer.blocks:
-                for f in block.frames:
-                    stored = view[f.offset : f.offset + f.length]
-                    if (
-                        f.offset + f.length > chunk.footer_offset
-                        or layout.check(stored) != f.checksum
-                    ):
-                        raise ChecksumError(f"{at}: checksum mismatch in a frame at {f.offset}")
+        layout = check_file(
+            data,
+            size=chunk.size,
+            footer_offset=chunk.footer_offset,
+            crc32_=chunk.crc32,
+            digest=chunk.digest,
+            where=at,
+        )
         found = layout.block_starts[-1]
         if found != chunk.num_samples:
             raise CorruptError(f"{at} holds {found} samples, the part says {chunk.num_samples}")

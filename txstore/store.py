@@ -205,8 +205,11 @@ class Store:
             raise
         try:
             result = self.commit_chunks(chunks, start=start, message=message, txn_id=txn_id)
-        except ConflictError:
-            writer.abort()  # every attempt read back as someone else's: ours never landed
+        except (ConflictError, CorruptError):
+            # Every attempt read back as someone else's, or damage stopped the commit before
+            # it wrote its manifest (a doubtful write is CommitStateUnknownError): ours never
+            # landed.
+            writer.abort()
             raise
         if not result.created:
             writer.abort()  # the same txn_id landed from elsewhere meanwhile
@@ -414,8 +417,12 @@ class Store:
         if not retention.expired:
             return set()
         protected = self._refs.protection(self._clock())
+        latest = self._log.latest_version()  # never expired, whatever the record says
         return {
-            v for r in retention.expired for v in range(r.first, r.last + 1) if v not in protected
+            v
+            for r in retention.expired
+            for v in range(r.first, min(r.last, latest - 1) + 1)
+            if v not in protected
         }
 
     def vacuum(
@@ -454,15 +461,27 @@ class Store:
             message=message, dry_run=dry_run, progress=progress or no_progress
         )
 
-    def verify(self, *, deep: bool = False, progress: Progress | None = None) -> VerifyReport:
-        """Check every file unexpired versions need (present, size, checksums); ``deep``
-        decodes every sample too. Reports damage in ``problems``; never repairs."""
+    def verify(
+        self, *, quick: bool = False, deep: bool = False, progress: Progress | None = None
+    ) -> VerifyReport:
+        """Check the chain of versions, the refs, and every file unexpired versions need:
+        present, the right size, and every byte against its checksums. ``quick`` reads only
+        the metadata and each data file's footer; ``deep`` also decodes every sample.
+        ``report.level`` says which. Reads storage, not this store's caches. Reports damage
+        in ``problems``; never repairs."""
+
+        def fresh_snapshot(version: int) -> Snapshot:
+            manifest = self._log.read(version, fresh=True)
+            storage = self._storage
+            return Snapshot(manifest, storage, Segments(storage), ChunkReader(storage))
+
         return verify(
             self._log,
             self._segments,
             self._refs,
-            lambda v: Snapshot(self._log.read(v), self._storage, self._segments, self._reader),
+            fresh_snapshot,
             now=self._clock(),
+            quick=quick,
             deep=deep,
             progress=progress or no_progress,
         )

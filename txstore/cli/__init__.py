@@ -202,10 +202,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = add(
         "verify",
         _cmd_verify,
-        "check every file unexpired versions need: present, size, checksums",
-        details="Exit code 3 if anything is damaged. Also counts unreferenced files.",
+        "check the chain of versions, the refs, and every file unexpired versions need",
+        details="By default every byte of every data file is read and checked against its "
+        "checksums; --quick reads only the metadata and each file's footer. Exit code 3 if "
+        "anything is damaged. Also counts unreferenced files.",
     )
-    p.add_argument("--deep", action="store_true", help="also decode every sample")
+    level = p.add_mutually_exclusive_group()
+    level.add_argument(
+        "--quick", action="store_true", help="metadata and footers only: chunk bytes are not read"
+    )
+    level.add_argument("--deep", action="store_true", help="also decode every sample")
     return parser
 
 

@@ -25,7 +25,7 @@ from typing import Annotated, Any
 import msgspec
 
 from ..errors import ChecksumError, CorruptError, UnsupportedFormatError
-from .codec import CODEC_RAW, FRAME_CHECKSUMS, crc32, decompress_frame, open_frame
+from .codec import CODEC_RAW, FRAME_CHECKSUMS, chunk_digest, crc32, decompress_frame, open_frame
 from .values import ABSENT, ABSENT_BYTES, ValueDecoder
 
 CHUNK_MAGIC = b"TXSC"
@@ -171,6 +171,42 @@ def check_header(data: bytes | memoryview, where: str) -> None:
         raise CorruptError(f"{where}: not a txstore chunk (bad magic)")
     if major > CHUNK_MAJOR:
         raise UnsupportedFormatError(f"{where}: chunk format {major} is newer than this txstore")
+
+
+def check_file(
+    data: bytes | memoryview,
+    *,
+    size: int,
+    footer_offset: int,
+    crc32_: int,
+    digest: str | None,
+    where: str,
+) -> ChunkLayout:
+    """Check every byte of a whole chunk-format file against what its reference records: the
+    size, the footer's CRC-32, then the body against ``digest`` or, without one (field files,
+    chunks before format 1.2), each frame against its checksum. ``ChecksumError`` or
+    ``CorruptError`` naming ``where``; the parsed layout otherwise."""
+    view = memoryview(data)
+    if len(view) != size:
+        raise CorruptError(f"{where} is {len(view)} bytes, its reference says {size}")
+    if not HEADER.size <= footer_offset <= size - TRAILER.size:
+        raise CorruptError(f"{where} has its footer at {footer_offset}, outside the file")
+    tail = view[footer_offset:]
+    if crc32(tail) != crc32_:
+        raise ChecksumError(f"{where} does not match its checksum (CRC-32 of its footer)")
+    check_header(view, where)
+    layout = parse_footer(tail, where, footer_offset)
+    if digest is not None:  # covers every byte before the footer
+        if chunk_digest(view[:footer_offset]) != digest:
+            raise ChecksumError(f"{where} does not match its digest (XXH3-64 of its contents)")
+        return layout
+    for block in layout.footer.blocks:
+        for frame in block.frames:  # within the file: parse_footer checked it
+            if layout.check(view[frame.offset : frame.offset + frame.length]) != frame.checksum:
+                raise ChecksumError(
+                    f"{where} does not match the checksum of its frame at {frame.offset}"
+                )
+    return layout
 
 
 class Ranges:

@@ -183,8 +183,8 @@ def _target(storage: Storage, mode: str | None) -> Store | None:
 
 def _check_unused(storage: Storage) -> None:
     """Refuse a location that holds files other than a store's, before writing any there."""
-    local = isinstance(storage, LocalStorage)
-    if local and os.path.lexists(storage.root) and not os.path.isdir(storage.root):
+    root = storage.root if isinstance(storage, LocalStorage) else None
+    if root is not None and os.path.lexists(root) and not os.path.isdir(root):
         raise AlreadyExistsError(f"{storage.uri} is a file: output_dir must be a folder")
     for info in storage.list(""):
         if not _LEFTOVER.fullmatch(info.key):
@@ -281,7 +281,12 @@ def optimize(
     if mode not in MODES:
         raise ValueError(f"mode must be None, 'append' or 'overwrite', not {mode!r}")
     storage = open_storage(output_dir, storage_options)
-    made_root = isinstance(storage, LocalStorage) and not os.path.lexists(storage.root)
+    # A local folder this call makes (with its subfolders) is removed again if it fails.
+    made_root = (
+        storage.root
+        if isinstance(storage, LocalStorage) and not os.path.lexists(storage.root)
+        else None
+    )
     store = _target(storage, mode)
     replace = store is not None and mode == "overwrite"
     items = inputs if isinstance(inputs, Sequence) else list(inputs)
@@ -331,8 +336,8 @@ def optimize(
     except BaseException:
         if txn is None or txn.result is None:
             _delete(storage, parts)
-            if made_root:
-                _remove_empty_folders(storage.root)
+            if made_root is not None:
+                _remove_empty_folders(made_root)
         raise
     finally:
         report.close()

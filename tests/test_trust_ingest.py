@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 import txstore
@@ -54,7 +55,7 @@ def _everything(backend: Backend) -> list[str]:
 def test_a_failed_first_optimize_leaves_no_store(backend: Backend, workers: int, fn: Any) -> None:
     if backend.name == "memory" and workers > 1:
         pytest.skip("a memory store lives in one process")
-    kwargs = dict(
+    kwargs: dict[str, Any] = dict(
         num_workers=workers,
         storage_options=backend.storage_options,
         chunk_bytes="16KB",
@@ -183,3 +184,152 @@ def test_a_non_dict_sample_names_its_input(tmp_path: Path) -> None:
             lambda i: [i] if i == 4 else [{"id": i}], range(9), str(tmp_path / "s"), progress=False
         )
     assert e.value.index == 4
+
+
+# -- StreamingDataset and StreamingDataLoader check their arguments at once -----------------
+
+torch = pytest.importorskip("torch")
+
+from txstore.torch import StreamingDataLoader, StreamingDataset  # noqa: E402
+
+
+def _small_store(uri: str) -> txstore.Store:
+    store = txstore.create(uri, chunk_bytes=4096)
+    store.append({"id": i, "latent_256": bytes(8), "caption": f"c{i}"} for i in range(300))
+    return store
+
+
+def test_cache_size_as_text_bounds_a_whole_epoch_read_by_two_workers(
+    s3_server: Any, tmp_path: Path
+) -> None:
+    uri, opts = f"s3://{s3_server.new_bucket()}/store", s3_server.options
+    store = txstore.create(uri, chunk_bytes="256KB", storage_options=opts)
+    store.append({"id": i, "pad": os.urandom(10_000)} for i in range(400))  # 4 MB, 16 chunks
+    cache = tmp_path / "cache"
+    ds = StreamingDataset(
+        uri, storage_options=opts, shuffle=True, cache_dir=str(cache), max_cache_size="2MB"
+    )
+    assert ds.max_cache_size == 2_000_000
+    loader = StreamingDataLoader(ds, batch_size=10, num_workers=2)
+    ids = [int(i) for batch in loader for i in batch["id"]]
+    assert sorted(ids) == list(range(400))
+    # Each worker evicts what it has finished down to the bound; chunks being read stay.
+    held = sum(p.stat().st_size for p in (cache / "chunks").iterdir())
+    assert held <= 2_000_000 + 2 * 3 * 300_000
+
+
+def test_cache_sizes_as_litdata_takes_them(tmp_path: Path) -> None:
+    snap = _small_store(str(tmp_path / "s")).snapshot()
+    sizes: list[tuple[Any, int]] = [("64MiB", 64 * 2**20), ("100GB", 10**11), (4096, 4096), (0, 0)]
+    for size, expected in sizes:
+        assert StreamingDataset(snap, max_cache_size=size).max_cache_size == expected
+
+
+def _f(sample: Any) -> Any:
+    return sample
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"shuffle": "yes"}, TypeError, "shuffle must be True or False, not 'yes'"),
+        ({"drop_last": 1}, TypeError, "drop_last must be True or False"),
+        ({"zero_copy": "no"}, TypeError, "zero_copy must be True or False"),
+        ({"transform": [_f, _f]}, TypeError, "transform must be a function or None"),
+        ({"seed": "7"}, TypeError, "seed must be an int, not '7'"),
+        ({"seed": 1.5}, TypeError, "seed must be an int"),
+        ({"shuffle_window": "2"}, TypeError, "shuffle_window must be an int"),
+        ({"prefetch_chunks": -1}, ValueError, "prefetch_chunks must be at least 0"),
+        ({"max_cache_size": "2 parsecs"}, ValueError, "max_cache_size: cannot read '2 parsecs'"),
+        ({"max_cache_size": True}, TypeError, "max_cache_size must be bytes"),
+        ({"max_cache_size": 2.5e9}, TypeError, "max_cache_size must be bytes"),
+        ({"max_cache_size": -5}, ValueError, "size must be positive"),
+        ({"fields": "caption"}, TypeError, "fields must be a list of field names"),
+        ({"fields": ["id", 3]}, TypeError, "fields must be a list of field names"),
+        ({"cache_dir": 5}, TypeError, "cache_dir must be a path"),
+        ({"version": "x", "storage_options": "s3"}, TypeError, "storage_options must be a dict"),
+    ],
+)
+def test_dataset_arguments_are_checked_at_construction(
+    tmp_path: Path, kwargs: dict[str, Any], error: type[Exception], match: str
+) -> None:
+    store = _small_store(str(tmp_path / "s"))
+    with pytest.raises(error, match=match):
+        StreamingDataset(str(tmp_path / "s"), **kwargs)
+    assert store.leases() == []  # refused before anything was made
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"num_workers": "2"}, TypeError, "num_workers must be an int"),
+        ({"batch_size": "16"}, TypeError, "batch_size must be an int"),
+        ({"pin_memory": "yes"}, TypeError, "pin_memory must be True or False"),
+        ({"drop_last": None}, TypeError, "drop_last must be True or False"),
+        ({"collate_fn": [_f]}, TypeError, "collate_fn must be a function or None"),
+        ({"worker_init_fn": 5}, TypeError, "worker_init_fn must be a function or None"),
+        ({"timeout": "1"}, TypeError, "timeout must be a number of seconds"),
+        ({"shuffle": True}, ValueError, "shuffle=True to the StreamingDataset"),
+        ({"no_such": 1}, TypeError, "StreamingDataLoader: got an unexpected keyword"),
+    ],
+)
+def test_loader_arguments_are_checked_at_construction(
+    tmp_path: Path, kwargs: dict[str, Any], error: type[Exception], match: str
+) -> None:
+    ds = StreamingDataset(_small_store(str(tmp_path / "s")).snapshot())
+    with pytest.raises(error, match=match):
+        StreamingDataLoader(ds, **kwargs)
+
+
+def test_set_epoch_and_set_distributed_take_ints(tmp_path: Path) -> None:
+    ds = StreamingDataset(_small_store(str(tmp_path / "s")).snapshot(), shuffle=True)
+    with pytest.raises(TypeError, match="epoch must be an int"):
+        ds.set_epoch("1")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="world_size must be an int"):
+        ds.set_distributed(0, 2.0)  # type: ignore[arg-type]
+    ds.set_epoch(np.int64(2))  # type: ignore[arg-type]  # numpy's ints are ints
+    assert ds.epoch == 2 and type(ds.epoch) is int
+
+
+# -- a field no sample has is named, with the fields there are ------------------------------
+
+
+def test_a_field_no_sample_has_is_refused_with_close_matches_first(tmp_path: Path) -> None:
+    snap = _small_store(str(tmp_path / "s")).snapshot()
+    with pytest.raises(txstore.FieldNotFoundError) as e:
+        snap.select(["latnet_256", "id"])
+    text = str(e.value)
+    assert "'latnet_256' (did you mean 'latent_256'?)" in text
+    assert text.endswith("its fields: 'latent_256', 'caption', 'id'")  # the close one first
+    assert isinstance(e.value, KeyError) and isinstance(e.value, txstore.NotFoundError)
+    with pytest.raises(txstore.FieldNotFoundError, match="'latnet_256'"):
+        StreamingDataset(snap, fields=["latnet_256"])
+    ds = StreamingDataset(snap, fields=["latent_256", "id"])  # the right names read as ever
+    loader = StreamingDataLoader(ds, batch_size=30, num_workers=2)
+    assert sorted(int(i) for batch in loader for i in batch["id"]) == list(range(300))
+
+
+def test_a_field_only_later_chunks_have_is_known(tmp_path: Path) -> None:
+    store = txstore.create(str(tmp_path / "s"), chunk_bytes=1024)
+    store.append({"id": i, "pad": bytes(200)} for i in range(600))  # over a hundred chunks
+    store.append([{"id": 600, "late": 1}])
+    snap = store.snapshot()
+    assert len(snap.chunks()) > 100
+    assert list(snap.select(["late"]))[-2:] == [{}, {"late": 1}]
+    with pytest.raises(txstore.FieldNotFoundError, match=r"'lte' \(did you mean 'late'\?\)"):
+        snap.select(["lte"])
+
+
+def test_added_and_dropped_fields(tmp_path: Path) -> None:
+    from txstore.fields import add_fields, drop_fields
+
+    store = _small_store(str(tmp_path / "s"))
+    add_fields(store, lambda s: {"latent_512": s["id"]}, ["latent_512"])
+    assert store.snapshot().select(["latent_512"])[7] == {"latent_512": 7}
+    drop_fields(store, ["latent_512", "caption"])
+    snap = store.snapshot()
+    for gone in ("latent_512", "caption"):
+        with pytest.raises(txstore.FieldNotFoundError, match=rf"'{gone}'"):
+            snap.select([gone])
+    assert snap.select(["id"])[3] == {"id": 3}
+    assert store.snapshot(2).select(["latent_512"])[7] == {"latent_512": 7}  # still there

@@ -90,7 +90,7 @@ class _Samples:
             raise InputError(
                 f"fn failed on input {index} ({item!r:.200}): {type(e).__name__}: {e}", index
             ) from e
-        what = "None" if out is None else f"a {type(out).__name__} ({out!r:.100})"
+        what = "None" if out is None else f"{out!r:.100} (of type {type(out).__name__})"
         raise InputError(
             f"fn returned {what} for input {index} ({item!r:.200}): it must return a dict "
             "(one sample) or an iterable of dicts such as a list or a generator (several)",

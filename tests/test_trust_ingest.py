@@ -79,7 +79,7 @@ def test_a_failed_optimize_keeps_the_folder_it_was_given(tmp_path: Path) -> None
     out.mkdir()
     with pytest.raises(InputError):
         optimize(_raises, range(1000), str(out), chunk_bytes="16KB", progress=False)
-    assert out.is_dir()  # made by the caller: left in place
+    assert out.is_dir() and list(out.iterdir()) == []  # the caller's folder stays, emptied
     assert optimize(_good, range(10), str(out), progress=False).version == 1
 
 

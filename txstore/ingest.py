@@ -99,15 +99,16 @@ class _Samples:
 
     def named(self, error: EncodeError) -> EncodeError:
         """``error``, which names a sample by its position in this share, naming the input
-        and the sample's place among those fn gave for it instead."""
+        and the sample's place among those fn gave for it instead. The writer encodes each
+        sample as it is taken, so the sample refused is one of the current input's."""
         item = self.inputs[self.index]
         text = str(error)
         match = _POSITION.match(text)
-        where, sep = f"input {self.index} ({item!r:.200})", ": "
-        if match is not None:
-            where += f", its sample {int(match.group(1)) - self.first}"
-            sep, text = match.group(2), text[match.end() :]
-        return EncodeError(f"{where}{sep}{text}", self.index)
+        nth = -1 if match is None else int(match.group(1)) - self.first
+        if match is None or nth < 0:  # not tied to a sample of this input
+            return EncodeError(f"while writing input {self.index} ({item!r:.200}): {text}")
+        where = f"input {self.index} ({item!r:.200}), its sample {nth}"
+        return EncodeError(f"{where}{match.group(2)}{text[match.end() :]}", self.index)
 
 
 #: The builder's "sample <position in the writer>" prefix.
@@ -281,11 +282,11 @@ def optimize(
     if mode not in MODES:
         raise ValueError(f"mode must be None, 'append' or 'overwrite', not {mode!r}")
     storage = open_storage(output_dir, storage_options)
-    # A local folder this call makes (with its subfolders) is removed again if it fails.
-    made_root = (
-        storage.root
-        if isinstance(storage, LocalStorage) and not os.path.lexists(storage.root)
-        else None
+    # The local folders this call will make, to remove again (if left empty) when it fails.
+    made = (
+        [f for f in (os.path.join(storage.root, "chunks"), storage.root) if not os.path.lexists(f)]
+        if isinstance(storage, LocalStorage)
+        else []
     )
     store = _target(storage, mode)
     replace = store is not None and mode == "overwrite"
@@ -336,8 +337,9 @@ def optimize(
     except BaseException:
         if txn is None or txn.result is None:
             _delete(storage, parts)
-            if made_root is not None:
-                _remove_empty_folders(made_root)
+            for folder in made:  # a folder someone else has filled meanwhile stays
+                with contextlib.suppress(OSError):
+                    os.rmdir(folder)
         raise
     finally:
         report.close()
@@ -349,13 +351,6 @@ def _delete(storage: Storage, parts: list[StagedPart]) -> None:
         for chunk in part.chunks:
             with contextlib.suppress(TxstoreError):
                 storage.delete(chunk.path)
-
-
-def _remove_empty_folders(root: str) -> None:
-    """Remove the folders left empty under ``root``, a folder this call made (never a file)."""
-    for folder, _, _ in os.walk(root, topdown=False):
-        with contextlib.suppress(OSError):
-            os.rmdir(folder)
 
 
 def _run_workers(

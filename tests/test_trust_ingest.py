@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 import txstore
@@ -188,9 +187,11 @@ def test_a_non_dict_sample_names_its_input(tmp_path: Path) -> None:
 
 # -- StreamingDataset and StreamingDataLoader check their arguments at once -----------------
 
-torch = pytest.importorskip("torch")
-
-from txstore.torch import StreamingDataLoader, StreamingDataset  # noqa: E402
+try:
+    from txstore.torch import StreamingDataLoader, StreamingDataset
+except ImportError:  # the optimize tests above run without torch
+    StreamingDataLoader = StreamingDataset = None  # type: ignore[assignment,misc]
+needs_torch = pytest.mark.skipif(StreamingDataset is None, reason="needs torch (txstore[torch])")
 
 
 def _small_store(uri: str) -> txstore.Store:
@@ -199,6 +200,7 @@ def _small_store(uri: str) -> txstore.Store:
     return store
 
 
+@needs_torch
 def test_cache_size_as_text_bounds_a_whole_epoch_read_by_two_workers(
     s3_server: Any, tmp_path: Path
 ) -> None:
@@ -218,6 +220,7 @@ def test_cache_size_as_text_bounds_a_whole_epoch_read_by_two_workers(
     assert held <= 2_000_000 + 2 * 3 * 300_000
 
 
+@needs_torch
 def test_cache_sizes_as_litdata_takes_them(tmp_path: Path) -> None:
     snap = _small_store(str(tmp_path / "s")).snapshot()
     sizes: list[tuple[Any, int]] = [("64MiB", 64 * 2**20), ("100GB", 10**11), (4096, 4096), (0, 0)]
@@ -229,6 +232,7 @@ def _f(sample: Any) -> Any:
     return sample
 
 
+@needs_torch
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
@@ -259,6 +263,7 @@ def test_dataset_arguments_are_checked_at_construction(
     assert store.leases() == []  # refused before anything was made
 
 
+@needs_torch
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
@@ -281,12 +286,15 @@ def test_loader_arguments_are_checked_at_construction(
         StreamingDataLoader(ds, **kwargs)
 
 
+@needs_torch
 def test_set_epoch_and_set_distributed_take_ints(tmp_path: Path) -> None:
     ds = StreamingDataset(_small_store(str(tmp_path / "s")).snapshot(), shuffle=True)
     with pytest.raises(TypeError, match="epoch must be an int"):
         ds.set_epoch("1")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="world_size must be an int"):
         ds.set_distributed(0, 2.0)  # type: ignore[arg-type]
+    import numpy as np
+
     ds.set_epoch(np.int64(2))  # type: ignore[arg-type]  # numpy's ints are ints
     assert ds.epoch == 2 and type(ds.epoch) is int
 
@@ -294,6 +302,7 @@ def test_set_epoch_and_set_distributed_take_ints(tmp_path: Path) -> None:
 # -- a field no sample has is named, with the fields there are ------------------------------
 
 
+@needs_torch
 def test_a_field_no_sample_has_is_refused_with_close_matches_first(tmp_path: Path) -> None:
     snap = _small_store(str(tmp_path / "s")).snapshot()
     with pytest.raises(txstore.FieldNotFoundError) as e:
@@ -333,3 +342,41 @@ def test_added_and_dropped_fields(tmp_path: Path) -> None:
             snap.select([gone])
     assert snap.select(["id"])[3] == {"id": 3}
     assert store.snapshot(2).select(["latent_512"])[7] == {"latent_512": 7}  # still there
+
+
+def _first_run(storage: Any) -> Any:
+    return optimize(lambda i: {"id": i}, range(50), storage, chunk_bytes=256, progress=False)
+
+
+def test_a_storage_fault_at_any_step_of_a_first_optimize_never_blocks_the_rerun(
+    tmp_path: Path,
+) -> None:
+    from .faults import FaultyStorage
+
+    probe = FaultyStorage(open_storage(str(tmp_path / "probe")))
+    _first_run(probe)
+    steps = len(probe.calls)
+    assert steps >= 10
+    outcomes = set()
+    for mode in ("before", "after"):
+        for k in range(1, steps + 1):
+            uri = str(tmp_path / f"{mode}-{k}")
+            try:
+                _first_run(FaultyStorage(open_storage(uri), fail_at=k, mode=mode))
+                landed = True
+            except txstore.TxstoreError:  # the fault, or what it led to
+                landed = False
+            outcomes.add(landed)
+            rerun = lambda i: {"id": 100 + i}  # noqa: E731
+            if landed:
+                assert sorted(s["id"] for s in txstore.open(uri).snapshot()) == list(range(50))
+                with pytest.raises(StoreExistsError):
+                    optimize(rerun, range(5), uri, progress=False)
+                continue
+            # Nothing committed: the rerun is a first run (at most an empty store was left).
+            commit = optimize(rerun, range(5), uri, chunk_bytes=256, progress=False)
+            store = txstore.open(uri)
+            assert commit.version == store.version == 1
+            assert sorted(s["id"] for s in store.snapshot()) == list(range(100, 105))
+            assert store.verify(deep=True).ok
+    assert outcomes == {True, False}

@@ -166,20 +166,27 @@ _LEFTOVER = re.compile(
 )
 
 
-def _target(storage: Storage, mode: str | None) -> Store | None:
+def _target(storage: Storage, mode: str | None, config: StoreConfig) -> Store | None:
     """The store to write, or None when there is none yet (one is made at the commit)."""
     try:
         store = open_store(storage)
     except StoreNotFoundError:
         _check_unused(storage)
         return None
-    if mode is None:
+    if mode is None and not _left_empty(store, config):
         raise StoreExistsError(
             f"a store exists at {storage.uri}: pass mode='append' to add a version to it, or "
             "mode='overwrite' to commit a version that replaces its content (older versions "
             "stay readable)"
         )
     return store
+
+
+def _left_empty(store: Store, config: StoreConfig) -> bool:
+    """Whether ``store`` is what a run with these settings leaves when the storage fails (or
+    the process dies) between making the store and committing to it: version 0 alone."""
+    latest = store.manifest()
+    return latest.version == 0 and latest.num_samples == 0 and latest.config == config
 
 
 def _check_unused(storage: Storage) -> None:
@@ -274,7 +281,8 @@ def optimize(
     ``output_dir`` (LitData's ``optimize``, transactional).
 
     ``fn`` returns a sample (a dict) or several (an iterable of dicts, e.g. a generator).
-    ``mode``: None creates a store and refuses an existing one; "append" adds a version;
+    ``mode``: None creates a store and refuses an existing one (but for an empty one with
+    these settings, as a storage failure mid-call can leave); "append" adds a version;
     "overwrite" commits a version holding only these samples (older versions stay). A new
     store is made only in a new or empty folder, and only when the samples are committed:
     a failed call leaves no store behind, and its rerun starts afresh.
@@ -288,7 +296,8 @@ def optimize(
         if isinstance(storage, LocalStorage)
         else []
     )
-    store = _target(storage, mode)
+    config = _new_config(chunk_bytes, compression)
+    store = _target(storage, mode, config)
     replace = store is not None and mode == "overwrite"
     items = inputs if isinstance(inputs, Sequence) else list(inputs)
     text = message or f"optimize {len(items):,} inputs"
@@ -301,7 +310,7 @@ def optimize(
         else TransactionHandle(
             uri=storage.uri,
             storage_options=dict(storage.storage_options),
-            config=_new_config(chunk_bytes, compression),
+            config=config,
             staging_id=uuid.uuid4().hex,
         )
     )
@@ -321,7 +330,6 @@ def optimize(
             _run_workers(handle, parts, fn, items, num_workers, report)
             parts[:] = _repack_tails(storage, handle, parts)
         if txn is None:
-            config = handle.config
             store = create(
                 storage,
                 chunk_bytes=config.chunk_bytes,

@@ -348,7 +348,7 @@ class Snapshot(Sequence[Sample]):
         """The same version, reading and decoding only ``fields``.
 
         ``FieldNotFoundError`` (naming the fields it has, close matches first) for a field
-        that no sample of this version has.
+        that no sample of this version has (a version of no samples takes any name).
         """
         if isinstance(fields, str | bytes):
             raise TypeError(f"fields must be a list of field names, not {fields!r}")
@@ -384,17 +384,18 @@ class Snapshot(Sequence[Sample]):
 
         if not wanted <= known:
             known |= footer_fields(chunks[0])
+        if wanted <= known:
+            return
         step = self._FOOTER_READS * 4
         with ThreadPoolExecutor(self._FOOTER_READS, thread_name_prefix="txstore-fields") as pool:
             for first in range(1, len(chunks), step):
-                if wanted <= known:
-                    return
                 for found in pool.map(footer_fields, chunks[first : first + step]):
                     known |= found
-        if not wanted <= known:
-            from .errors import FieldNotFoundError  # kept beside its one use
+                if wanted <= known:
+                    return
+        from .errors import FieldNotFoundError  # kept beside its one use
 
-            raise FieldNotFoundError(self._no_such_fields(sorted(wanted - known), known))
+        raise FieldNotFoundError(self._no_such_fields(sorted(wanted - known), known))
 
     def _no_such_fields(self, missing: list[str], known: set[str]) -> str:
         """What to say of fields no sample has: each with its close matches, then the known

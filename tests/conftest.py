@@ -127,6 +127,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="how long tests/test_soak.py runs on each backend (default 20; hours by hand)",
     )
     parser.addoption("--soak-seed", type=int, default=None, help="seed of the soak's kills")
+    parser.addoption(
+        "--powerloss-samples",
+        type=int,
+        default=6,
+        help="samples per append in tests/test_powerloss.py (default 6; hundreds by hand)",
+    )
 
 
 def _ministack_venv() -> Path:

@@ -31,7 +31,7 @@ from .errors import (
 from .format.manifest import StoreConfig
 from .progress import Progress
 from .snapshot import ChunkReader
-from .staging import StagedPart, StagedWriter, Transaction, TransactionHandle
+from .staging import StagedPart, StagedWriter, Transaction, TransactionHandle, check_part
 from .storage import LocalStorage, MemoryStorage, Storage, open_storage
 from .store import DEFAULT_BLOCK_BYTES, DEFAULT_COMPRESSION_LEVEL, Commit, Store, create
 from .store import open as open_store
@@ -227,9 +227,10 @@ def _shares(n: int, workers: int) -> list[tuple[int, int]]:
 
 
 def _repack_tails(
-    storage: Storage, handle: TransactionHandle, parts: list[StagedPart]
+    storage: Storage, handle: TransactionHandle, parts: list[StagedPart], own: list[StagedPart]
 ) -> list[StagedPart]:
-    """Move each part's last, partly filled chunk into full chunks written here."""
+    """Move each part's last, partly filled chunk into full chunks written here (a part added
+    to ``own``)."""
     limit = handle.config.chunk_bytes
     tails = [p.chunks[-1] for p in parts if p.chunks and p.chunks[-1].size < limit]
     if len(tails) < 2:
@@ -249,6 +250,7 @@ def _repack_tails(
     except BaseException:
         writer.abort()
         raise
+    own.append(packed)
     for path in tail_paths:
         storage.delete(path)
     trimmed = [
@@ -315,20 +317,22 @@ def optimize(
         )
     )
     parts: list[StagedPart] = []
+    own: list[StagedPart] = []  # written in this process (not read back to be checked)
     report = Progress("optimize", None, enabled=progress)
     try:
         if num_workers <= 1:
             writer = StagedWriter(handle)
             try:
-                parts.append(_write(writer, _Samples(fn, items, 0, len(items), report)))
+                own.append(_write(writer, _Samples(fn, items, 0, len(items), report)))
             except BaseException:
                 writer.abort()
                 raise
+            parts.append(own[-1])
         else:
             if isinstance(storage, MemoryStorage):
                 raise ValueError("a memory store lives in one process: use num_workers=1")
             _run_workers(handle, parts, fn, items, num_workers, report)
-            parts[:] = _repack_tails(storage, handle, parts)
+            parts[:] = _repack_tails(storage, handle, parts, own)
         if txn is None:
             store = create(
                 storage,
@@ -338,7 +342,11 @@ def optimize(
                 compression_level=config.compression_level,
             )
             txn = Transaction(store, message=text, txn_id=txn_id)
-        txn._parts[:] = parts
+            txn.handle = handle  # what the parts were written for: this store, its config
+        for part in parts:
+            if any(part is p for p in own):
+                txn._made(part)
+            txn.add(part)  # a worker's part is read back and checked first
         return txn.commit(replace=replace, operation="overwrite" if replace else "append")
     except CommitStateUnknownError:
         raise  # the commit may have landed: its chunks stay (the error says how to settle it)
@@ -356,6 +364,10 @@ def optimize(
 def _delete(storage: Storage, parts: list[StagedPart]) -> None:
     """Delete the chunks of parts known not to be committed."""
     for part in parts:
+        try:
+            check_part(part)  # names data files only: nothing else is ever deleted
+        except TxstoreError:
+            continue
         for chunk in part.chunks:
             with contextlib.suppress(TxstoreError):
                 storage.delete(chunk.path)

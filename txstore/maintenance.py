@@ -33,7 +33,8 @@ from .units import parse_duration
 Progress = Callable[[str, int, int], None]
 
 DEFAULT_GRACE = 7 * 86400.0
-DATA_PREFIXES = ("chunks/", "segments/")
+#: The only folders vacuum deletes data files from (see format/manifest.py).
+DATA_PREFIXES = fmt.DATA_PREFIXES
 THREADS = 16
 _CAS_ATTEMPTS = 20
 
@@ -280,11 +281,11 @@ class VacuumReport:
         return sum(f.size for f in self.files)
 
 
-def _collectable(key: str, data_prefixes: tuple[str, ...]) -> bool:
-    if is_temp(key):
-        return True
-    name = key.rpartition("/")[2]
-    return key.startswith(data_prefixes) and not name.startswith(".")
+def collectable(key: str) -> bool:
+    """Whether vacuum may delete ``key`` once no kept version needs it: a data file directly
+    in a data folder, or an abandoned temp file. Never a manifest, HEAD, ref or txn marker,
+    whatever a document names: the rule depends on the key alone."""
+    return is_temp(key) or fmt.is_data_key(key)
 
 
 def vacuum(
@@ -313,17 +314,13 @@ def vacuum(
         needed.segments.update(more.segments)
         needed.files.update(more.files)
     keys = needed.keys
-    # Field files may live in folders of their own: collect there too.
-    prefixes = DATA_PREFIXES + tuple(
-        {f.path.rpartition("/")[0] + "/" for f in needed.files.values()} - set(DATA_PREFIXES)
-    )
     lapsed = {lease_key(lease_id) for lease_id, lease in refs.leases() if lease.expires_at < cutoff}
     doomed = [
         f
         for f in listing
         if f.mtime < cutoff
         and (
-            (f.key not in keys and _collectable(f.key, prefixes))
+            (f.key not in keys and collectable(f.key))
             or (f.key.startswith(LEASES) and f.key in lapsed)
         )
     ]

@@ -55,11 +55,20 @@ class Source:
     footer_offset: int
     hidden: frozenset[str]
     digest: str | None = None  # of the bytes before the footer (chunk files, format 1.2)
+    #: The chunk's samples, as its segment says (every source holds them all); -1: unknown.
+    num_samples: int = -1
 
 
 def sources(chunk: ChunkRef) -> list[Source]:
     return [_base(chunk)] + [
-        Source(f.path, f.size, f.crc32, f.footer_offset, frozenset(f.hidden))
+        Source(
+            f.path,
+            f.size,
+            f.crc32,
+            f.footer_offset,
+            frozenset(f.hidden),
+            num_samples=chunk.num_samples,
+        )
         for f in chunk.field_files
     ]
 
@@ -93,6 +102,9 @@ class ChunkReader:
         with self._lock:
             found = self._layouts.get(src.path)
         if found is not None:
+            # Another segment may name the same file with another count: one int compare.
+            if src.num_samples >= 0 and found.footer.num_samples != src.num_samples:
+                self._count_mismatch(src, found, version)
             return found
         try:
             tail = self.storage.read_range(src.path, src.footer_offset, src.size)
@@ -103,7 +115,22 @@ class ChunkReader:
             raise CorruptError(f"{where} is shorter than its manifest says")
         if crc32(tail) != src.crc32:
             raise ChecksumError(f"{where} does not match its checksum")
-        return self._remember(src, parse_footer(tail, where))
+        return self._remember(src, self._parse(src, tail, where, version))
+
+    def _parse(
+        self, src: Source, tail: bytes | memoryview, where: str, version: int
+    ) -> ChunkLayout:
+        """A source's footer, checked against its segment's count of samples."""
+        layout = parse_footer(tail, where, footer_offset=src.footer_offset)
+        if src.num_samples >= 0 and layout.footer.num_samples != src.num_samples:
+            self._count_mismatch(src, layout, version)
+        return layout
+
+    def _count_mismatch(self, src: Source, layout: ChunkLayout, version: int) -> None:
+        raise CorruptError(
+            f"{self._where(src.path, version)} holds {layout.footer.num_samples} samples, "
+            f"its segment says {src.num_samples}"
+        )
 
     def _remember(self, src: Source, layout: ChunkLayout) -> ChunkLayout:
         with self._lock:
@@ -182,7 +209,7 @@ class ChunkReader:
         if verified and chunk_digest(memoryview(data)[: src.footer_offset]) != src.digest:
             raise ChecksumError(f"{where} does not match its digest")
         check_header(data, where)
-        return data, parse_footer(tail, where), verified
+        return data, self._parse(src, tail, where, version), verified
 
     def _read_frames(
         self, src: Source, layout: ChunkLayout, keep: frozenset[str], version: int
@@ -271,6 +298,7 @@ def _base(chunk: ChunkRef) -> Source:
         chunk.footer_offset,
         frozenset(chunk.hidden),
         chunk.digest,
+        chunk.num_samples,
     )
 
 
@@ -453,7 +481,12 @@ class Snapshot(Sequence[Sample]):
             if starts[-1] != ref.num_samples:
                 raise CorruptError(
                     f"segment {ref.path} holds {starts[-1]} samples, "
-                    f"its manifest says {ref.num_samples}"
+                    f"its manifest says {ref.num_samples} (version {self.version})"
+                )
+            if len(chunks) != ref.num_chunks:
+                raise CorruptError(
+                    f"segment {ref.path} holds {len(chunks)} chunks, "
+                    f"its manifest says {ref.num_chunks} (version {self.version})"
                 )
             loaded = self._loaded[number] = _LoadedSegment(chunks, starts)
         return loaded

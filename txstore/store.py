@@ -132,7 +132,14 @@ class Store:
             return manifest
         if isinstance(ref, bool) or not isinstance(ref, int) or ref < 0:
             raise VersionNotFoundError(f"no version {ref!r} in {self.uri}")
-        manifest = self._log.read(ref)
+        try:
+            manifest = self._log.read(ref)
+        except VersionNotFoundError:
+            # Say what does exist: the usual mistake is a number past the end.
+            latest = self._log.latest_version()
+            raise VersionNotFoundError(
+                f"version {ref} does not exist in {self.uri} (latest is {latest})"
+            ) from None
         if check_expired:
             self._refs.check_retained(ref, self._clock())
         return manifest

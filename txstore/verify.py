@@ -18,19 +18,18 @@ from .format.chunk import parse_footer
 from .format.codec import crc32
 from .format.manifest import LeaseRecord, Retention, Tag
 from .maintenance import (
-    DATA_PREFIXES,
     DataFile,
     Problem,
     Progress,
+    collectable,
     data_files,
-    is_temp,
     no_progress,
     parallel,
     reach,
     read_manifests,
     retained_versions,
 )
-from .refs import LEASES, RETENTION_KEY, TAGS, Refs
+from .refs import LEASES, RETENTION_KEY, TAGS, Refs, is_tag_key
 from .segments import Segments
 from .snapshot import Snapshot
 from .storage import FileInfo
@@ -144,11 +143,8 @@ def verify(
                 samples += got
 
     keys = needed.keys
-    orphans = [
-        f
-        for key, f in listing.items()
-        if is_temp(key) or (key.startswith(DATA_PREFIXES) and key not in keys and not _hidden(key))
-    ]
+    # Exactly what vacuum would consider deleting.
+    orphans = [f for key, f in listing.items() if key not in keys and collectable(key)]
     return VerifyReport(
         latest=latest,
         versions=len(keep),
@@ -160,10 +156,6 @@ def verify(
         orphans=orphans,
         deep=deep,
     )
-
-
-def _hidden(key: str) -> bool:
-    return key.rpartition("/")[2].startswith(".")
 
 
 def _unique(problems: list[Problem]) -> list[Problem]:
@@ -194,7 +186,11 @@ def _check_refs(refs: Refs, manifests: dict[int, fmt.Manifest]) -> list[Problem]
             continue
         kind: type[Tag] | type[LeaseRecord] = Tag if key.startswith(TAGS) else LeaseRecord
         try:
-            doc = fmt.decode(data, kind, f"{storage.uri}/{key}")
+            doc = (
+                refs.decode_tag(key, data)  # also checks the name against the key's
+                if is_tag_key(key)
+                else fmt.decode(data, kind, f"{storage.uri}/{key}")
+            )
         except TxstoreError as e:
             problems.append(Problem(key, str(e)))
             continue

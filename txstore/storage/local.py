@@ -324,12 +324,10 @@ class LocalStorage(Storage):
             lock.release()
 
     def close(self) -> None:
+        # Drops the kept maps early. There is no __del__: the maps go with the object anyway,
+        # and a __del__ run at interpreter exit can find this module's globals gone already.
         with self._maps_lock:
             self._maps.clear()
-
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):
-            self.close()
 
 
 __all__ = ["TEMP_PREFIX", "LocalStorage"]

@@ -373,8 +373,78 @@ class Snapshot(Sequence[Sample]):
         return self._fields
 
     def select(self, fields: Iterable[str]) -> Snapshot:
-        """The same version, reading and decoding only ``fields``."""
-        return self._view(frozenset(fields), self.is_zero_copy)
+        """The same version, reading and decoding only ``fields``.
+
+        ``FieldNotFoundError`` (naming the fields it has, close matches first) for a field
+        that no sample of this version has (a version of no samples takes any name).
+        """
+        if isinstance(fields, str | bytes):
+            raise TypeError(f"fields must be a list of field names, not {fields!r}")
+        wanted = frozenset(fields)
+        for name in wanted:
+            if not isinstance(name, str):
+                raise TypeError(f"a field name is a str, not {name!r}")
+        self._check_fields(wanted)
+        return self._view(wanted, self.is_zero_copy)
+
+    #: Chunk footers read at once to find the fields asked for (remote reads wait on I/O).
+    _FOOTER_READS = 16
+
+    def _check_fields(self, wanted: frozenset[str]) -> None:
+        """Raise FieldNotFoundError unless some sample has each field of ``wanted``.
+
+        A chunk's fields are its footer's columns and its field files' (both less those
+        hidden). Field files name theirs in the segment; the first chunk's footer is read
+        (a read of this view needs it anyway), and only when a field is still not found the
+        others, in parallel, stopping once each is found: a field may appear in later chunks
+        only."""
+        if not wanted or not len(self):
+            return  # none asked for, or no sample to have one
+        chunks = self.chunks()
+        known: set[str] = set()
+        for chunk in chunks:
+            for extra in chunk.field_files:
+                known.update(c for c in extra.columns if c not in extra.hidden)
+
+        def footer_fields(chunk: ChunkRef) -> set[str]:
+            base = _base(chunk)
+            return set(self._reader.layout(base, self.version).columns) - base.hidden
+
+        if not wanted <= known:
+            known |= footer_fields(chunks[0])
+        if wanted <= known:
+            return
+        step = self._FOOTER_READS * 4
+        with ThreadPoolExecutor(self._FOOTER_READS, thread_name_prefix="txstore-fields") as pool:
+            for first in range(1, len(chunks), step):
+                for found in pool.map(footer_fields, chunks[first : first + step]):
+                    known |= found
+                if wanted <= known:
+                    return
+        from .errors import FieldNotFoundError  # kept beside its one use
+
+        raise FieldNotFoundError(self._no_such_fields(sorted(wanted - known), known))
+
+    def _no_such_fields(self, missing: list[str], known: set[str]) -> str:
+        """What to say of fields no sample has: each with its close matches, then the known
+        fields, close matches first."""
+        import difflib
+
+        names, hints, close_ones = sorted(known), [], []
+        for name in missing:
+            close = difflib.get_close_matches(name, names, n=3)
+            close_ones += close
+            hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
+            hints.append(f"{name!r}{hint}")
+        order = list(dict.fromkeys([*close_ones, *names]))
+        shown = ", ".join(map(repr, order[:50])) or "none"
+        if len(order) > 50:
+            shown += f", ... ({len(order)} in all)"
+        plural = "s" if len(missing) > 1 else ""
+        return (
+            f"no sample of version {self.version} of {self.uri} has the field{plural} "
+            f"{', '.join(hints)}; its fields: {shown}"
+        )
 
     def zero_copy(self) -> Snapshot:
         """The same version, giving each top-level ``bytes`` value as a read-only

@@ -7,7 +7,6 @@ verify); ``Store`` ties them to one storage, version log and clock.
 from __future__ import annotations
 
 import os
-import re
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -43,7 +42,7 @@ from .segments import MAX_SEGMENT_CHUNKS, Segments
 from .snapshot import ChunkReader, Snapshot
 from .storage import Storage, open_storage
 from .txn import CommitResult, RetryPolicy, VersionLog, commit, manifest_key
-from .units import parse_duration
+from .units import parse_duration, parse_size
 from .verify import VerifyReport, verify
 from .writer import ChunkWriter
 
@@ -55,31 +54,7 @@ Ref = int | str
 
 DEFAULT_CHUNK_BYTES = 64 * 2**20
 DEFAULT_BLOCK_BYTES = 64 * 2**10
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-}
-
-
-def parse_size(size: int | str) -> int:
-    """Bytes from an int or a string such as "64MB" or "256KiB"."""
-    if isinstance(size, int):
-        value = size
-    else:
-        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", size)
-        unit = match.group(2).lower() if match else None
-        if match is None or unit not in _UNITS:
-            raise ValueError(f"cannot read {size!r} as a size (e.g. 64MB, 256KiB)")
-        value = int(float(match.group(1)) * _UNITS[unit])
-    if value <= 0:
-        raise ValueError(f"size must be positive, got {size!r}")
-    return value
+DEFAULT_COMPRESSION_LEVEL = 3
 
 
 class Store:
@@ -502,7 +477,7 @@ def create(
     chunk_bytes: int | str = DEFAULT_CHUNK_BYTES,
     block_bytes: int | str = DEFAULT_BLOCK_BYTES,
     compression: str | None = "zstd",
-    compression_level: int = 3,
+    compression_level: int = DEFAULT_COMPRESSION_LEVEL,
     storage_options: dict[str, Any] | None = None,
 ) -> Store:
     """Create an empty store (version 0); ``StoreExistsError`` if one exists there.

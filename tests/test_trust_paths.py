@@ -260,11 +260,13 @@ def test_staged_part_naming_a_file_outside_the_root_is_refused(tmp_path: Path) -
         txn.add(bad)
     txn.add(good)
     other.append(batch(9), txn_id="job-7")  # the same txn id lands from elsewhere first
-    txn.commit()  # finds it landed: aborts, deleting only the checked part's chunks
+    txn.commit()  # finds it landed: aborts, leaving the handed-over part's chunks to vacuum
     assert victim.read_bytes() == b"not yours"
     txn.abort()
     assert victim.read_bytes() == b"not yours"
+    later(backend).vacuum(grace="1d")
     assert not raw(backend).exists(good.chunks[0].path)
+    assert victim.read_bytes() == b"not yours"
     after = txstore.open(backend.uri)
     assert samples(after) == before + [(9, i) for i in range(10)]
     assert after.append(batch(10)).version == 6
@@ -401,3 +403,22 @@ def test_a_part_of_another_transaction_is_corrupt(backend: Backend) -> None:
     txn = Transaction(store)
     with pytest.raises(CorruptError, match="written for another transaction"):
         txn.add(part)
+
+
+def test_aborting_a_part_that_names_committed_chunks_deletes_none_of_them(
+    backend: Backend,
+) -> None:
+    """A handed-over part may describe, truthfully, a chunk a committed version names: it
+    passes every check of its bytes, and deleting it on abort would lose that version."""
+    store = make(backend)
+    before = samples(store)
+    committed = store.snapshot().chunks()[0]
+    txn = Transaction(store)
+    stolen = StagedPart(
+        staging_id=txn.handle.staging_id, chunks=(committed,), num_samples=committed.num_samples
+    )
+    txn.add(StagedPart.from_json(stolen.to_json()))  # sound: the file is as it says
+    txn.abort()
+    assert raw(backend).exists(committed.path)
+    assert samples(txstore.open(backend.uri, **backend.kwargs())) == before
+    assert txstore.open(backend.uri, **backend.kwargs()).verify().ok

@@ -297,8 +297,12 @@ class Transaction:
         return self.result
 
     def abort(self) -> None:
-        """Delete the chunks of every part added, and abort this process's writers of it that
-        are still open (only for a transaction not committed)."""
+        """Abort this process's writers of the transaction that are still open and delete
+        the chunks of the parts they made (only for a transaction not committed).
+
+        The chunks of parts handed over by other processes are left for ``vacuum``: a part
+        can name, correctly, a chunk that a committed version names too, and only vacuum,
+        which reads every kept version, knows which files no version needs."""
         for ref in self._writers:
             writer = ref()
             if writer is not None and not writer.closed:
@@ -306,14 +310,10 @@ class Transaction:
         self._writers.clear()
         storage = self.store.storage
         for part in self._parts:
-            if not self._checked(part):  # put in place without ``add``: delete only if sound
-                try:
-                    self._check(part)
-                except TxstoreError:
-                    continue  # not ours to delete: vacuum judges what is left in chunks/
-            for chunk in part.chunks:
-                with contextlib.suppress(TxstoreError):
-                    storage.delete(chunk.path)
+            if any(part is own for own in self._own):
+                for chunk in part.chunks:
+                    with contextlib.suppress(TxstoreError):
+                        storage.delete(chunk.path)
         self._parts.clear()
 
     def __enter__(self) -> Transaction:

@@ -30,3 +30,21 @@ def test_a_year_long_lease_reads_back(tmp_path: Path) -> None:
         assert info.id == lease.id and info.active
         data = store.storage.read(f"refs/leases/{lease.id}.json")
         assert fmt.decode(data, LeaseRecord, "lease").version == 1
+
+
+def test_a_document_with_invalid_utf8_in_a_string_is_corrupt(tmp_path: Path) -> None:
+    """The envelope decodes (its fields hold no such string); the typed decode must not
+    escape as msgspec's own error."""
+    store = txstore.create(str(tmp_path / "store"))
+    store.append([{"id": 1}], message="hello")
+    key = "versions/index.v1.json"
+    data = store.storage.read(key)
+    store.storage.write(key, data.replace(b'"hello"', b'"\xff\xfe"'))
+    for read in (
+        lambda: txstore.open(store.uri).snapshot(1),
+        lambda: txstore.open(store.uri).log(),
+    ):
+        with pytest.raises(txstore.CorruptError, match=r"index\.v1\.json"):
+            read()
+    report = txstore.open(store.uri).verify()
+    assert any(p.key == key for p in report.problems)

@@ -264,7 +264,7 @@ def decode(data: bytes, kind: type[D], where: str) -> D:
         )
     try:
         doc = msgspec.json.decode(data, type=kind)
-    except msgspec.ValidationError as e:
+    except msgspec.DecodeError as e:  # ValidationError too; invalid UTF-8 in a string
         raise CorruptError(f"{where} is not a valid {kind.__name__.lower()}: {e}") from e
     _check_paths(doc, where)
     return doc

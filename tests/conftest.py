@@ -127,6 +127,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="how long tests/test_soak.py runs on each backend (default 20; hours by hand)",
     )
     parser.addoption("--soak-seed", type=int, default=None, help="seed of the soak's kills")
+    parser.addoption(
+        "--fuzz-examples",
+        type=int,
+        default=12,
+        help="examples per kind of document in tests/test_fuzz.py (default 12; 2000 by hand)",
+    )
+    parser.addoption(
+        "--fuzz-seed", type=int, default=None, help="random fuzz examples from this seed"
+    )
 
 
 def _ministack_venv() -> Path:

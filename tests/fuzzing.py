@@ -91,6 +91,11 @@ class Template:
 def build_template(path: Path) -> Template:
     """Versions: 0 create, 1-2 appends (2 tagged), 3 add_fields (leased), 4-5 appends, all
     with txn ids; 0 and 1 expired, so a retention record exists."""
+    # torch is imported once here, not inside an example's memory bound: a planted tensor
+    # value makes the reader import it.
+    with contextlib.suppress(ImportError):
+        import torch  # noqa: F401
+
     store = txstore.create(path, chunk_bytes=1500, block_bytes=300)
     a, b, c, d = batch("a", 12), batch("b", 7), batch("c", 5), batch("d", 3)
     store.append(a, txn_id="t-a")
@@ -865,6 +870,7 @@ class Run:
     violations: list[Violation] = field(default_factory=list)
     protected: set[str] = field(default_factory=set)
     damage_seen: list[str] = field(default_factory=list)  # what reported damage, so far
+    current: str = ""  # the operation running
 
     def fail(self, prop: str, op: str, what: str) -> None:
         self.violations.append(Violation(prop, op, what))
@@ -874,6 +880,7 @@ class Run:
     ) -> tuple[bool, Any]:
         """Run one operation: (True, result), or (False, the TxstoreError it raised). Any
         other exception is a violation."""
+        self.current = op
         try:
             return True, fn()
         except TxstoreError as e:
@@ -1372,6 +1379,54 @@ def check_outside(run: Run, before: dict[str, tuple[int, bytes]], watcher: Watch
         run.fail("outside-root", "all", what)
 
 
+class Hang(BaseException):
+    """An example ran past its time (a BaseException: the code under test catches Exception)."""
+
+
+#: Time and memory an example may take: a hostile number must not make an operation loop or
+#: allocate without bound (a range of 2**63 versions, a 10**30-byte frame).
+EXAMPLE_SECONDS = 20.0
+EXAMPLE_MEMORY = 1 << 30
+
+
+def _vm_data() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmData:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+@contextlib.contextmanager
+def bounded(run: Run) -> Iterator[None]:
+    """Raise ``Hang`` in the operation running when the example's time is up, and make
+    allocations past its memory fail (MemoryError, reported as a raw exception)."""
+    import resource
+    import signal
+
+    main = threading.current_thread() is threading.main_thread()
+    if main:
+
+        def alarm(signum: int, frame: Any) -> None:
+            raise Hang(f"the example ran past {EXAMPLE_SECONDS:.0f} s")
+
+        old_handler = signal.signal(signal.SIGALRM, alarm)
+        signal.setitimer(signal.ITIMER_REAL, EXAMPLE_SECONDS)
+    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    limit = _vm_data() + EXAMPLE_MEMORY
+    if sys.platform == "linux" and (hard == resource.RLIM_INFINITY or limit < hard):
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
+    try:
+        yield
+    except Hang as e:
+        run.fail("hang", run.current, str(e))
+    finally:
+        resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
+        if main:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old_handler)
+
+
 def warm(store: txstore.Store, expected: dict[int, list[dict[str, Any]]]) -> None:
     """Fill a Store's caches: every unexpired version read once, verified once."""
     for v in expected:
@@ -1394,7 +1449,7 @@ def run_case(box: Path, template: Template, m: Mutation) -> Run:
     run = Run(root, box, template, applied, copy.deepcopy(template.expected))
     before = outside_state(box)
     try:
-        with watching(box) as watcher, parser_built_once():
+        with watching(box) as watcher, parser_built_once(), bounded(run):
             run_operations(run, m, stale, staged)
     finally:
         for s in (stale, staged.store if staged else None):

@@ -560,11 +560,11 @@ def _resolve(value: Any, box: Path, template: Template, pos: int) -> Any:
     return value
 
 
-def mutate_tree(obj: Any, m: Mutation, value: Any, lists_only: bool = False) -> tuple[Any, str]:
+def mutate_tree(obj: Any, m: Mutation, value: Any) -> tuple[Any, str]:
     """A copy of ``obj`` with the node ``m.node`` picks set, dropped, duplicated or swapped."""
     obj = copy.deepcopy(obj)
     paths = _tree_paths(obj)
-    if m.op.endswith(("dup", "swap")) or lists_only:
+    if m.op.endswith(("dup", "swap")):
         paths = [p for p in paths if _is_list_item(obj, p)]
     if not paths:
         raise NotApplicable
@@ -623,13 +623,13 @@ def _tail_crc(data: bytes, footer_offset: int) -> int:
     return crc(data[footer_offset:])
 
 
-def _seal_tail(body: bytes, footer: Any) -> tuple[bytes, int]:
+def _seal_tail(body: bytes, footer: Any) -> bytes:
     """A chunk file of ``body`` (header and frames) and ``footer``, with a valid trailer."""
     try:
         fbytes = msgspec.msgpack.encode(footer)
     except (OverflowError, TypeError, ValueError) as e:
         raise NotApplicable from e
-    return body + fbytes + TRAILER.pack(len(fbytes), crc(fbytes), TRAILER_MAGIC), len(body)
+    return body + fbytes + TRAILER.pack(len(fbytes), crc(fbytes), TRAILER_MAGIC)
 
 
 def _split_chunk(data: bytes) -> tuple[bytes, Any]:
@@ -751,7 +751,6 @@ class Applied:
     #: over it): reads may then differ from the original in what no reader can check, so only
     #: counts and internal consistency are held to. Otherwise reads equal the originals.
     forged: bool
-    staged: dict[str, Any] | None = None  # the staged part's JSON, for kind "staged"
 
 
 def apply(root: Path, box: Path, template: Template, m: Mutation) -> Applied:
@@ -797,22 +796,18 @@ def apply(root: Path, box: Path, template: Template, m: Mutation) -> Applied:
         body, footer = _split_chunk(data)
         if m.op == "frame-flip":
             frames = _frames(footer)
-            frame = footer[4][frames[m.node % len(frames)][0]][1][frames[m.node % len(frames)][1]]
+            b, f = frames[m.node % len(frames)]
+            frame = footer[4][b][1][f]
             at = frame[1] + m.pos % max(1, frame[2])
             body = body[:at] + bytes([body[at] ^ m.byte]) + body[at + 1 :]
             if m.reseal:  # a valid checksum over the flipped byte
-                stored = body[frame[1] : frame[1] + frame[2]]
-                footer = copy.deepcopy(footer)
-                frames2 = _frames(footer)
-                b, f = frames2[m.node % len(frames2)]
-                footer[4][b][1][f][5] = xxhash.xxh3_64_intdigest(stored)
+                frame[5] = xxhash.xxh3_64_intdigest(body[frame[1] : frame[1] + frame[2]])
             detail = f"frame byte {at} ^= {m.byte}"
         elif m.op == "frame-value":
             body, footer, detail = _plant_value(body, footer, m)
         else:
             footer, detail = mutate_tree(footer, m, value)
-        sealed, _ = _seal_tail(body, footer)
-        p.write_bytes(sealed)
+        p.write_bytes(_seal_tail(body, footer))
         if m.reseal or m.op == "frame-value":
             reseal_data_file(root, key)
             return Applied(label, detail + " (resealed)", True)
@@ -963,7 +958,7 @@ def check_data(run: Run, read: Read, op: str, ref: int | str | None) -> bool:
                 run.fail(
                     "data",
                     op,
-                    f"v{read.version} sample {i} is not as acknowledged: {_short(g)} != {_short(w)}",
+                    f"v{read.version} sample {i}: {_short(g)} was acknowledged as {_short(w)}",
                 )
                 return False
     return True
@@ -1049,12 +1044,11 @@ def cli(run: Run, args: list[str], op: str) -> int | None:
             lambda: main([args[0], str(run.root), *args[1:]]),
             allow=(SystemExit,),
         )
+    command = f"txstore {' '.join(args)}"
     if not ok:
         if isinstance(code, SystemExit):
             run.fail(
-                "cli",
-                op,
-                f"txstore {' '.join(args)} raised SystemExit({code.code!r}): {err.getvalue()[-200:]}",
+                "cli", op, f"{command} raised SystemExit({code.code!r}): {err.getvalue()[-99:]}"
             )
         elif isinstance(code, TxstoreError):
             run.fail(

@@ -44,9 +44,18 @@ import shutil
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, reject, seed, settings
+from hypothesis import HealthCheck, Phase, example, given, reject, seed, settings
 
-from .fuzzing import KINDS, Mutation, NotApplicable, Template, build_template, mutations, run_case
+from .fuzzing import (
+    KINDS,
+    Mutation,
+    NotApplicable,
+    Template,
+    build_template,
+    known_examples,
+    mutations,
+    run_case,
+)
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +96,8 @@ def test_fuzz_documents(
         problems = "\n  ".join(str(v) for v in run.violations)
         assert not run.violations, f"{run.applied.label}: {run.applied.detail}\n  {problems}\n  {m}"
 
+    for known in known_examples(template, kind):
+        one = example(m=known)(one)
     if fuzz_seed is not None:
         one = seed(fuzz_seed)(one)
     one()

@@ -598,55 +598,53 @@ KNOWN: list[tuple[str, str, str | int, tuple[Any, ...] | None, Any, dict[str, An
 ]
 
 
-def known_examples(template: Template, kind: str) -> list[Mutation]:
-    """The ``KNOWN`` cases of one kind, as mutations of this template."""
-    out = []
-    for k, op, file, path, value, extra in KNOWN:
-        if k != kind:
-            continue
-        keys = template.files[kind]
-        if file == "latest":  # the last segment of the latest version
-            latest = json.loads((template.path / "versions/index.v5.json").read_bytes())
-            file = latest["segments"][-1]["path"]
-        index = keys.index(file) if isinstance(file, str) else file
-        node = 0
-        if path is not None:
-            if kind == "staged":  # a part as StagedPart.to_json writes it: fields in order
-                doc: Any = {"staging_id": "", "chunks": [{"path": "", "num_samples": 0}]}
-            elif kind in ("chunk", "fields"):
-                doc = _split_chunk((template.path / keys[index]).read_bytes())[1]
-            else:
-                doc = json.loads((template.path / keys[index]).read_bytes())
-            paths = _tree_paths(doc)
-            if op.endswith(("dup", "swap")):
-                paths = [p for p in paths if _is_list_item(doc, p)]
-            node = paths.index(path)
-        fields = dict(extra)
-        if "frame_value" in fields:
-            names = [name for name, _ in HOSTILE_FRAME_VALUES]
-            fields["frame_value"] = names.index(fields["frame_value"])
-        out.append(
-            Mutation(
-                kind=kind,
-                op=op,
-                file=index,
-                node=node,
-                value=value,
-                reseal=fields.pop("reseal", False),
-                pos=0,
-                byte=1,
-                place=fields.pop("place", ""),
-                frame_value=fields.pop("frame_value", 0),
-                typed=False,
-                number=0,
-                text="",
-                with_head=fields.pop("with_head", False),
-                abort=fields.pop("abort", False),
-                stale=fields.pop("stale", False),
-            )
-        )
-        assert not fields, fields
-    return out
+def known_id(number: int) -> str:
+    kind, op, file, path, value, extra = KNOWN[number]
+    where = "/".join(map(str, path)) if path else str(file)
+    what = f"={value!r}" if path and op.endswith("set") else ""
+    more = "".join(f",{k}={v}" for k, v in extra.items())
+    return re.sub(r"[^A-Za-z0-9_.,=/<>+-]", "", f"{kind}-{op}-{where}{what}{more}")[:80]
+
+
+def known_mutation(template: Template, number: int) -> Mutation:
+    """``KNOWN[number]`` as a mutation of this template."""
+    kind, op, file, path, value, extra = KNOWN[number]
+    keys = template.files[kind]
+    if file == "latest":  # the last segment of the latest version
+        latest = json.loads((template.path / "versions/index.v5.json").read_bytes())
+        file = latest["segments"][-1]["path"]
+    index = keys.index(file) if isinstance(file, str) else file
+    node = 0
+    if path is not None:
+        if kind == "staged":  # a part as StagedPart.to_json writes it: fields in order
+            doc: Any = {"staging_id": "", "chunks": [{"path": "", "num_samples": 0}]}
+        elif kind in ("chunk", "fields"):
+            doc = _split_chunk((template.path / keys[index]).read_bytes())[1]
+        else:
+            doc = json.loads((template.path / keys[index]).read_bytes())
+        paths = _tree_paths(doc)
+        if op.endswith(("dup", "swap")):
+            paths = [p for p in paths if _is_list_item(doc, p)]
+        node = paths.index(path)
+    names = [name for name, _ in HOSTILE_FRAME_VALUES]
+    return Mutation(
+        kind=kind,
+        op=op,
+        file=index,
+        node=node,
+        value=value,
+        reseal=extra.get("reseal", False),
+        pos=0,
+        byte=1,
+        place=extra.get("place", ""),
+        frame_value=names.index(extra.get("frame_value", names[0])),
+        typed=False,
+        number=0,
+        text="",
+        with_head=extra.get("with_head", False),
+        abort=extra.get("abort", False),
+        stale=extra.get("stale", False),
+    )
 
 
 class NotApplicable(Exception):

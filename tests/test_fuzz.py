@@ -44,15 +44,17 @@ import shutil
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, Phase, example, given, reject, seed, settings
+from hypothesis import HealthCheck, Phase, given, reject, seed, settings
 
 from .fuzzing import (
     KINDS,
+    KNOWN,
     Mutation,
     NotApplicable,
     Template,
     build_template,
-    known_examples,
+    known_id,
+    known_mutation,
     mutations,
     run_case,
 )
@@ -96,11 +98,18 @@ def test_fuzz_documents(
         problems = "\n  ".join(str(v) for v in run.violations)
         assert not run.violations, f"{run.applied.label}: {run.applied.detail}\n  {problems}\n  {m}"
 
-    for known in known_examples(template, kind):
-        one = example(m=known)(one)
     if fuzz_seed is not None:
         one = seed(fuzz_seed)(one)
     one()
+
+
+@pytest.mark.parametrize("number", range(len(KNOWN)), ids=known_id)
+def test_fuzz_known(number: int, template: Template, tmp_path: Path) -> None:
+    """The cases the store was seen to fail (fuzzing.KNOWN), each on its own."""
+    m = known_mutation(template, number)
+    run = run_case(tmp_path / "box", template, m)
+    problems = "\n  ".join(str(v) for v in run.violations)
+    assert not run.violations, f"{run.applied.label}: {run.applied.detail}\n  {problems}"
 
 
 def test_template_reads_back(template: Template, tmp_path: Path) -> None:

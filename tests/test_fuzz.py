@@ -23,10 +23,19 @@ Properties, after every operation:
    and len, iteration and indexing agree); after a verify that finds nothing, every
    unexpired version reads back; vacuum and expire never make a version that read back
    unreadable unless damage was reported before; an acknowledged append is what every later
-   reader sees last, and its txn_id never commits twice.
+   reader sees last, and its txn_id never commits twice; the latest, tagged and leased
+   versions never read as expired; a Store opened before the damage does not call it ok
+   when a fresh one finds it; a staged part that a commit accepts leaves a version that
+   reads back; a frame value the format cannot hold is refused, not handed out;
+5. each example ends within 20 s of CPU and 1 GiB of memory (a hostile number must not make
+   an operation loop or allocate without bound).
 
-By default each kind of document gets a few examples, derandomized (the same ones every run)
-so CI stays fast and stable. The long mode, by hand::
+``test_fuzz_known`` runs the cases the store was seen to fail (``fuzzing.KNOWN``: a hole in
+the chain, data files named in metadata folders, hostile footers and frame values, out-of-range
+timestamps, a retention record naming the latest version, hostile staged parts), one test id
+each. ``test_fuzz_documents`` then draws new mutations: by default a few per kind of document,
+derandomized and on a template built with a fixed clock and seeded ids (the same examples and
+bytes every run), so CI stays fast and stable. The long mode, by hand::
 
     PYTHONPATH=$PWD python -m pytest tests/test_fuzz.py -p no:cacheprovider -n 0 \\
         --fuzz-examples 2000 --fuzz-seed 12345

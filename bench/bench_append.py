@@ -652,12 +652,11 @@ def build_history(
 ) -> tuple[int, int]:
     """Versions until the store has `target`; returns (version, versions made).
 
-    The first is a real one-sample append; each later one commits, through a staged
-    transaction, `chunks_per_version` references to that first chunk. The metadata (segments,
-    manifests) grows exactly as if each were a new chunk, without writing and fsyncing 100,000
-    files to build the history; the timed appends are real appends of one new chunk each."""
-    from txstore.staging import StagedPart
-
+    The first is a real one-sample append; each later one commits `chunks_per_version`
+    references to that first chunk (through ``commit_chunks``: a staged part may not name a
+    chunk twice). The metadata (segments, manifests) grows exactly as if each were a new
+    chunk, without writing and fsyncing 100,000 files to build the history; the timed appends
+    are real appends of one new chunk each."""
     made = 0
     if version == 0:
         version, _ = timed_append(store, feed)
@@ -665,15 +664,8 @@ def build_history(
     (template,) = store.snapshot(1).chunks()
     chunks = (template,) * chunks_per_version
     while version < target:
-        with store.transaction(message="history") as txn:
-            txn.add(
-                StagedPart(
-                    staging_id=txn.handle.staging_id,
-                    chunks=chunks,
-                    num_samples=template.num_samples * chunks_per_version,
-                )
-            )
-        version = txn.result.version
+        start = store.snapshot().manifest
+        version = store.commit_chunks(chunks, start=start, message="history").manifest.version
         made += 1
     return version, made
 

@@ -128,6 +128,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     parser.addoption("--soak-seed", type=int, default=None, help="seed of the soak's kills")
     parser.addoption(
+        "--powerloss-samples",
+        type=int,
+        default=6,
+        help="samples per append in tests/test_powerloss.py (default 6; hundreds by hand)",
+    )
+    parser.addoption(
         "--fuzz-examples",
         type=int,
         default=12,

@@ -75,7 +75,7 @@ def test_help_reads_well(capsys: pytest.CaptureFixture[str]) -> None:
     top = ok("--help")
     for command in COMMANDS:
         assert f"\n    {command} " in top, command
-    assert "exit codes" in top and "3  verify found damage" in top
+    assert "exit codes" in top and "3  damage: verify found some" in top
     for command in COMMANDS:  # in-process: the same parser, without 15 interpreters
         with pytest.raises(SystemExit) as exit_info:
             cli.main([command, "--help"])

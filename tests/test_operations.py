@@ -374,22 +374,23 @@ def test_verify_finds_damage(backend: Backend) -> None:
     data[-20] ^= 0xFF  # the footer: caught by the tail checksum
     storage.write(chunks[1].path, bytes(data))
     data = bytearray(storage.read(chunks[2].path))
-    data[20] ^= 0xFF  # inside a frame: only decoding (deep) reads it
+    data[20] ^= 0xFF  # inside a frame: only reading the contents finds it
     storage.write(chunks[2].path, bytes(data))
     storage.write(chunks[3].path, storage.read(chunks[3].path) + b"extra")
 
-    store = reopen(backend)  # a fresh process's view: no file handles from before the damage
-    shallow = store.verify()
-    bad = {p.key: p.message for p in shallow.problems}
+    store = reopen(backend)
+    quick = store.verify(quick=True)
+    assert (quick.level, quick.contents_checked) == ("quick", False)
+    bad = {p.key: p.message for p in quick.problems}
     assert set(bad) == {chunks[0].path, chunks[1].path, chunks[3].path}
     assert "missing" in bad[chunks[0].path]
     assert "checksum" in bad[chunks[1].path]
     assert "bytes" in bad[chunks[3].path]
-    orphans = [f.key for f in shallow.orphans if not f.key.startswith("segments/")]
+    orphans = [f.key for f in quick.orphans if not f.key.startswith("segments/")]
     assert orphans == ["chunks/ffffffffffffffffffffffffffffffff.chunk"]
-    deep = store.verify(deep=True)
-    assert chunks[2].path in {p.key for p in deep.problems}
-    assert not deep.ok
+    for report in (store.verify(), store.verify(deep=True)):
+        assert report.contents_checked
+        assert {p.key for p in report.problems} == {c.path for c in chunks}
 
 
 def test_vacuum_refuses_a_store_with_damaged_metadata(backend: Backend) -> None:

@@ -7,6 +7,7 @@ from .errors import (
     ConflictError,
     CorruptError,
     EncodeError,
+    FieldNotFoundError,
     InputError,
     MissingDataError,
     NotFoundError,
@@ -33,8 +34,16 @@ __version__ = "0.1.0"
 def __getattr__(name: str) -> object:
     # The torch faces load torch only when asked for: torch is an optional extra.
     if name in ("StreamingDataset", "StreamingDataLoader"):
-        from . import torch as _torch
-
+        try:
+            from . import torch as _torch
+        except ModuleNotFoundError as e:
+            if e.name is None or e.name.partition(".")[0] != "torch":
+                raise
+            # Still an ImportError (``except ImportError`` keeps working), with the fix in it.
+            raise ModuleNotFoundError(
+                f"txstore.{name} needs torch, which is not installed: pip install 'txstore[torch]'",
+                name=e.name,
+            ) from e
         return getattr(_torch, name)
     raise AttributeError(f"module 'txstore' has no attribute {name!r}")
 
@@ -47,6 +56,7 @@ __all__ = [
     "ConflictError",
     "CorruptError",
     "EncodeError",
+    "FieldNotFoundError",
     "InputError",
     "Lease",
     "MissingDataError",

@@ -74,7 +74,17 @@ class UnsupportedFormatError(TxstoreError):
 
 
 class EncodeError(TxstoreError, ValueError):
-    """A sample holds a value the format cannot store."""
+    """A sample holds a value the format cannot store.
+
+    ``index``: the input of an ingest job whose sample it is (None outside ``optimize``).
+    """
+
+    def __init__(self, message: str, index: int | None = None) -> None:
+        super().__init__(message)
+        self.index = index
+
+    def __reduce__(self) -> tuple[object, ...]:  # crosses back from worker processes
+        return (type(self), (self.args[0], self.index))
 
 
 class StorageError(TxstoreError):
@@ -86,6 +96,13 @@ class VersionExpiredError(VersionNotFoundError):
 
     Tag or lease the versions you need before expiring, or pin another version.
     """
+
+
+class FieldNotFoundError(NotFoundError, KeyError):
+    """No sample of the snapshot has a field of that name."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
 
 
 class TagNotFoundError(NotFoundError, KeyError):

@@ -3,23 +3,39 @@
 Each worker process takes a contiguous share of the inputs and writes full chunks for a staged
 transaction; the partly filled chunk each worker ends with is handed back, and the parent
 re-packs those tails into full chunks, so the result's chunks are full whatever the number of
-workers. Nothing is visible until the single commit at the end; if ``fn`` fails on an input,
-the error names it, every chunk written is deleted and nothing is committed.
+workers. Nothing is visible until the single commit at the end, and a new store is made only
+then; if ``fn`` fails on an input, the error names it, every chunk written is deleted and
+nothing is committed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
+import os
+import re
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ProcessPoolExecutor, wait
 from typing import Any
 
-from .errors import InputError, StoreExistsError, StoreNotFoundError
+from .errors import (
+    AlreadyExistsError,
+    CommitStateUnknownError,
+    EncodeError,
+    InputError,
+    StoreExistsError,
+    StoreNotFoundError,
+    TxstoreError,
+)
+from .format.manifest import StoreConfig
 from .progress import Progress
 from .snapshot import ChunkReader
-from .staging import StagedPart, StagedWriter, Transaction
-from .storage import MemoryStorage
-from .store import Commit, Store, create, open
+from .staging import StagedPart, StagedWriter, Transaction, TransactionHandle, check_part
+from .storage import LocalStorage, MemoryStorage, Storage, open_storage
+from .store import DEFAULT_BLOCK_BYTES, DEFAULT_COMPRESSION_LEVEL, Commit, Store, create
+from .store import open as open_store
+from .units import parse_size
 
 MODES = (None, "append", "overwrite")
 
@@ -28,32 +44,86 @@ class _Stopped(Exception):
     """Another worker failed: this one stops early (and deletes its chunks)."""
 
 
-def _samples(
-    fn: Callable[[Any], Any],
-    inputs: Sequence[Any],
-    start: int,
-    stop: int,
-    counter: Any,
-    stop_flag: Any = None,
-) -> Iterator[dict[str, Any]]:
-    """fn's samples for inputs[start:stop]; fn returns a dict or yields several."""
-    unreported = 0
-    for index in range(start, stop):
-        if stop_flag is not None and stop_flag.value:
-            raise _Stopped
-        item = inputs[index]
+class _Samples:
+    """fn's samples for inputs[start:stop] (fn returns a dict or an iterable of dicts), and
+    which input the sample taken last came from, to name it when it cannot be encoded."""
+
+    def __init__(
+        self,
+        fn: Callable[[Any], Any],
+        inputs: Sequence[Any],
+        start: int,
+        stop: int,
+        counter: Any,
+        stop_flag: Any = None,
+    ) -> None:
+        self.fn, self.inputs, self.start, self.stop = fn, inputs, start, stop
+        self.counter, self.stop_flag = counter, stop_flag
+        self.index = -1  # the input whose samples are being taken
+        self.first = 0  # how many samples were taken before that input's
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        unreported = taken = 0
+        fn, inputs, stop, flag = self.fn, self.inputs, self.stop, self.stop_flag
+        for index in range(self.start, stop):
+            if flag is not None and flag.value:
+                raise _Stopped
+            item = inputs[index]
+            produced = self._call(fn, item, index)
+            self.index, self.first = index, taken
+            yield from produced
+            taken += len(produced)
+            unreported += len(produced)
+            if unreported >= _REPORT_EVERY or index == stop - 1:
+                _report(self.counter, unreported)
+                unreported = 0
+
+    @staticmethod
+    def _call(fn: Callable[[Any], Any], item: Any, index: int) -> list[Any]:
         try:
             out = fn(item)
-            produced = [out] if isinstance(out, dict) else list(out)
+            if isinstance(out, dict):
+                return [out]
+            if isinstance(out, Iterable) and not isinstance(out, str | bytes | bytearray):
+                return list(out)  # a generator's own errors are fn's: named below
         except Exception as e:
             raise InputError(
                 f"fn failed on input {index} ({item!r:.200}): {type(e).__name__}: {e}", index
             ) from e
-        yield from produced
-        unreported += len(produced)
-        if unreported >= _REPORT_EVERY or index == stop - 1:
-            _report(counter, unreported)
-            unreported = 0
+        what = "None" if out is None else f"{out!r:.100} (of type {type(out).__name__})"
+        raise InputError(
+            f"fn returned {what} for input {index} ({item!r:.200}): it must return a dict "
+            "(one sample) or an iterable of dicts such as a list or a generator (several)",
+            index,
+        )
+
+    def named(self, error: EncodeError) -> EncodeError:
+        """``error``, which names a sample by its position in this share, naming the input
+        and the sample's place among those fn gave for it instead. The writer encodes each
+        sample as it is taken, so the sample refused is one of the current input's."""
+        item = self.inputs[self.index]
+        text = str(error)
+        match = _POSITION.match(text)
+        nth = -1 if match is None else int(match.group(1)) - self.first
+        if match is None or nth < 0:  # not tied to a sample of this input
+            return EncodeError(f"while writing input {self.index} ({item!r:.200}): {text}")
+        where = f"input {self.index} ({item!r:.200}), its sample {nth}"
+        return EncodeError(f"{where}{match.group(2)}{text[match.end() :]}", self.index)
+
+
+#: The builder's "sample <position in the writer>" prefix.
+_POSITION = re.compile(r"sample (\d+)(, |: )")
+
+
+def _write(writer: StagedWriter, samples: _Samples) -> StagedPart:
+    """Write ``samples`` and finish; an EncodeError names the input the sample came from."""
+    try:
+        writer.write(samples)
+    except EncodeError as e:
+        if e.index is not None or samples.index < 0:
+            raise
+        raise samples.named(e) from e
+    return writer.finish()
 
 
 #: Samples between progress reports: a shared counter costs a lock per update.
@@ -79,36 +149,70 @@ def _set_job(fn: Callable[[Any], Any], inputs: Sequence[Any], counter: Any, flag
 
 
 def _write_share(handle_json: bytes, start: int, stop: int) -> bytes:
-    from .staging import TransactionHandle
-
     assert _job is not None
     fn, inputs, counter, flag = _job
     writer = StagedWriter(TransactionHandle.from_json(handle_json))
     try:
-        writer.write(_samples(fn, inputs, start, stop, counter, flag))
-        return writer.finish().to_json()
+        return _write(writer, _Samples(fn, inputs, start, stop, counter, flag)).to_json()
     except BaseException:
         writer.abort()
         raise
 
 
-def _target(
-    output_dir: str, mode: str | None, storage_options: dict[str, Any] | None, **settings: Any
-) -> tuple[Store, bool]:
-    """The store to write, and whether the commit replaces its content ("overwrite")."""
-    if mode not in MODES:
-        raise ValueError(f"mode must be None, 'append' or 'overwrite', not {mode!r}")
+#: What a folder may hold for a new store to be made in it: chunks (and their temp files) a
+#: killed optimize left, unreferenced by any version; and the local backend's lock file.
+_LEFTOVER = re.compile(
+    r"chunks/(\.tmp\.[0-9a-f]{32}\.)?[0-9a-f]{32}\.(chunk|fields)|\.txstore\.lock"
+)
+
+
+def _target(storage: Storage, mode: str | None, config: StoreConfig) -> Store | None:
+    """The store to write, or None when there is none yet (one is made at the commit)."""
     try:
-        store = open(output_dir, storage_options=storage_options)
+        store = open_store(storage)
     except StoreNotFoundError:
-        return create(output_dir, storage_options=storage_options, **settings), False
-    if mode is None:
+        _check_unused(storage)
+        return None
+    if mode is None and not _left_empty(store, config):
         raise StoreExistsError(
-            f"a store exists at {output_dir}: pass mode='append' to add a version to it, or "
+            f"a store exists at {storage.uri}: pass mode='append' to add a version to it, or "
             "mode='overwrite' to commit a version that replaces its content (older versions "
             "stay readable)"
         )
-    return store, mode == "overwrite"
+    return store
+
+
+def _left_empty(store: Store, config: StoreConfig) -> bool:
+    """Whether ``store`` is what a run with these settings leaves when the storage fails (or
+    the process dies) between making the store and committing to it: version 0 alone."""
+    latest = store.manifest()
+    return latest.version == 0 and latest.num_samples == 0 and latest.config == config
+
+
+def _check_unused(storage: Storage) -> None:
+    """Refuse a location that holds files other than a store's, before writing any there."""
+    root = storage.root if isinstance(storage, LocalStorage) else None
+    if root is not None and os.path.lexists(root) and not os.path.isdir(root):
+        raise AlreadyExistsError(f"{storage.uri} is a file: output_dir must be a folder")
+    for info in storage.list(""):
+        if not _LEFTOVER.fullmatch(info.key):
+            raise AlreadyExistsError(
+                f"{storage.uri} holds files and no txstore store (such as {info.key!r}): "
+                "optimize makes a new store only in a new or empty folder; choose another "
+                "output_dir"
+            )
+
+
+def _new_config(chunk_bytes: int | str, compression: str | None) -> StoreConfig:
+    """The configuration ``create`` gives a store made with these settings."""
+    if compression not in (None, "zstd"):
+        raise ValueError(f"unknown compression {compression!r}; use 'zstd' or None")
+    return StoreConfig(
+        chunk_bytes=parse_size(chunk_bytes),
+        block_bytes=DEFAULT_BLOCK_BYTES,
+        compression=compression,  # type: ignore[arg-type]
+        compression_level=DEFAULT_COMPRESSION_LEVEL,
+    )
 
 
 def _shares(n: int, workers: int) -> list[tuple[int, int]]:
@@ -122,25 +226,33 @@ def _shares(n: int, workers: int) -> list[tuple[int, int]]:
     return bounds
 
 
-def _repack_tails(txn: Transaction, parts: list[StagedPart]) -> list[StagedPart]:
-    """Move each part's last, partly filled chunk into full chunks written here."""
-    limit = txn.handle.config.chunk_bytes
+def _repack_tails(
+    storage: Storage, handle: TransactionHandle, parts: list[StagedPart], own: list[StagedPart]
+) -> list[StagedPart]:
+    """Move each part's last, partly filled chunk into full chunks written here (a part added
+    to ``own``)."""
+    limit = handle.config.chunk_bytes
     tails = [p.chunks[-1] for p in parts if p.chunks and p.chunks[-1].size < limit]
     if len(tails) < 2:
         return parts
     tail_paths = {c.path for c in tails}
-    reader = ChunkReader(txn.store.storage)
+    reader = ChunkReader(storage)
 
     def tail_samples() -> Iterator[dict[str, Any]]:
         for chunk in tails:
             fetched = reader.fetch(chunk, -1, None)
             yield from reader.samples(fetched, chunk, -1)
 
-    writer = txn.writer()
-    writer.write(tail_samples())
-    packed = writer.finish()
+    writer = StagedWriter(handle)
+    try:
+        writer.write(tail_samples())
+        packed = writer.finish()
+    except BaseException:
+        writer.abort()
+        raise
+    own.append(packed)
     for path in tail_paths:
-        txn.store.storage.delete(path)
+        storage.delete(path)
     trimmed = [
         StagedPart(
             staging_id=p.staging_id,
@@ -170,53 +282,120 @@ def optimize(
     """Apply ``fn`` to every input and commit all the samples as one version of the store at
     ``output_dir`` (LitData's ``optimize``, transactional).
 
-    ``mode``: None creates a store and refuses an existing one; "append" adds a version;
-    "overwrite" commits a version holding only these samples (older versions stay).
+    ``fn`` returns a sample (a dict) or several (an iterable of dicts, e.g. a generator).
+    ``mode``: None creates a store and refuses an existing one (but for an empty one with
+    these settings, as a storage failure mid-call can leave); "append" adds a version;
+    "overwrite" commits a version holding only these samples (older versions stay). A new
+    store is made only in a new or empty folder, and only when the samples are committed:
+    a failed call leaves no store behind, and its rerun starts afresh.
     """
-    items = inputs if isinstance(inputs, Sequence) else list(inputs)
-    store, replace = _target(
-        output_dir, mode, storage_options, chunk_bytes=chunk_bytes, compression=compression
+    if mode not in MODES:
+        raise ValueError(f"mode must be None, 'append' or 'overwrite', not {mode!r}")
+    storage = open_storage(output_dir, storage_options)
+    # The local folders this call will make, to remove again (if left empty) when it fails.
+    made = (
+        [f for f in (os.path.join(storage.root, "chunks"), storage.root) if not os.path.lexists(f)]
+        if isinstance(storage, LocalStorage)
+        else []
     )
-    txn = Transaction(store, message=message or f"optimize {len(items):,} inputs", txn_id=txn_id)
+    config = _new_config(chunk_bytes, compression)
+    store = _target(storage, mode, config)
+    replace = store is not None and mode == "overwrite"
+    items = inputs if isinstance(inputs, Sequence) else list(inputs)
+    text = message or f"optimize {len(items):,} inputs"
+    # An existing store's transaction begins now (an overwrite refuses what lands meanwhile);
+    # a new store's only once its samples are written, when the store is made.
+    txn = None if store is None else Transaction(store, message=text, txn_id=txn_id)
+    handle = (
+        txn.handle
+        if txn is not None
+        else TransactionHandle(
+            uri=storage.uri,
+            storage_options=dict(storage.storage_options),
+            config=config,
+            staging_id=uuid.uuid4().hex,
+        )
+    )
+    parts: list[StagedPart] = []
+    own: list[StagedPart] = []  # written in this process (not read back to be checked)
     report = Progress("optimize", None, enabled=progress)
     try:
         if num_workers <= 1:
-            txn.write(_samples(fn, items, 0, len(items), report))
+            writer = StagedWriter(handle)
+            try:
+                own.append(_write(writer, _Samples(fn, items, 0, len(items), report)))
+            except BaseException:
+                writer.abort()
+                raise
+            parts.append(own[-1])
         else:
-            if isinstance(store.storage, MemoryStorage):
+            if isinstance(storage, MemoryStorage):
                 raise ValueError("a memory store lives in one process: use num_workers=1")
-            for part in _run_workers(txn, fn, items, num_workers, report):
-                txn.add(part)
-            parts = _repack_tails(txn, list(txn._parts))
-            txn._parts[:] = parts
-        operation = "overwrite" if replace else "append"
-        return txn.commit(replace=replace, operation=operation)
+            _run_workers(handle, parts, fn, items, num_workers, report)
+            parts[:] = _repack_tails(storage, handle, parts, own)
+        if txn is None:
+            store = create(
+                storage,
+                chunk_bytes=config.chunk_bytes,
+                block_bytes=config.block_bytes,
+                compression=config.compression,
+                compression_level=config.compression_level,
+            )
+            txn = Transaction(store, message=text, txn_id=txn_id)
+            txn.handle = handle  # what the parts were written for: this store, its config
+        for part in parts:
+            if any(part is p for p in own):
+                txn._made(part)
+            txn.add(part)  # a worker's part is read back and checked first
+        return txn.commit(replace=replace, operation="overwrite" if replace else "append")
+    except CommitStateUnknownError:
+        raise  # the commit may have landed: its chunks stay (the error says how to settle it)
     except BaseException:
-        if txn.result is None:
-            txn.abort()
+        if txn is None or txn.result is None:
+            _delete(storage, parts)
+            for folder in made:  # a folder someone else has filled meanwhile stays
+                with contextlib.suppress(OSError):
+                    os.rmdir(folder)
         raise
     finally:
         report.close()
 
 
+def _delete(storage: Storage, parts: list[StagedPart]) -> None:
+    """Delete the chunks of parts known not to be committed."""
+    for part in parts:
+        try:
+            check_part(part)  # names data files only: nothing else is ever deleted
+        except TxstoreError:
+            continue
+        for chunk in part.chunks:
+            with contextlib.suppress(TxstoreError):
+                storage.delete(chunk.path)
+
+
 def _run_workers(
-    txn: Transaction,
+    handle: TransactionHandle,
+    parts: list[StagedPart],
     fn: Callable[[Any], Any],
     items: Sequence[Any],
     num_workers: int,
     report: Progress,
-) -> list[StagedPart]:
+) -> None:
+    """Write the inputs' samples in worker processes, adding their parts to ``parts`` (also
+    those of the workers that finished when another failed, for the caller to delete)."""
     ctx = multiprocessing.get_context("fork")  # fn and inputs are inherited, not pickled
     counter, stop_flag = ctx.Value("q", 0), ctx.Value("b", 0, lock=False)  # a flag needs none
     shares = _shares(len(items), num_workers)
-    handle = txn.handle.to_json()
+    handle_json = handle.to_json()
     with ProcessPoolExecutor(
         max(1, len(shares)),
         mp_context=ctx,
         initializer=_set_job,
         initargs=(fn, items, counter, stop_flag),
     ) as pool:
-        futures: list[Future[bytes]] = [pool.submit(_write_share, handle, a, b) for a, b in shares]
+        futures: list[Future[bytes]] = [
+            pool.submit(_write_share, handle_json, a, b) for a, b in shares
+        ]
         pending: set[Future[bytes]] = set(futures)
         while pending:
             done, pending = wait(pending, timeout=0.5, return_when=FIRST_EXCEPTION)
@@ -224,11 +403,9 @@ def _run_workers(
             if any(f.exception() is not None for f in done):
                 stop_flag.value = 1  # the others stop at their next input
     errors = [f.exception() for f in futures if f.exception() is not None]
-    parts = [StagedPart.from_json(f.result()) for f in futures if f.exception() is None]
+    parts += [StagedPart.from_json(f.result()) for f in futures if f.exception() is None]
     if errors:
-        txn._parts.extend(parts)  # so that the caller's abort deletes their chunks
         raise next((e for e in errors if not isinstance(e, _Stopped)), errors[0])  # type: ignore[misc]
-    return parts
 
 
 __all__ = ["InputError", "optimize"]

@@ -29,6 +29,9 @@ from .units import parse_duration
 log = logging.getLogger(__name__)
 
 DEFAULT_TTL = 6 * 3600.0
+#: A lease is for a running job; a longer pin is a tag. Also keeps ``expires_at`` well inside
+#: the range a stored time may have (format.md §3), so the record reads back.
+MAX_TTL = 100 * 366 * 86400.0
 #: After a failed renewal, try again this much sooner than the regular ttl/3.
 _RETRY_FRACTION = 8
 
@@ -46,8 +49,11 @@ class Lease:
         renew: bool = True,
     ) -> None:
         self.ttl = parse_duration(ttl)
-        if self.ttl <= 0:
-            raise ValueError("a lease needs a positive ttl")
+        if not 0 < self.ttl <= MAX_TTL:
+            raise ValueError(
+                f"a lease needs a ttl above 0 and at most a hundred years, got {ttl!r}; "
+                "to keep a version for longer, tag it"
+            )
         self.id = uuid.uuid4().hex
         self.key = lease_key(self.id)
         self.version = manifest.version

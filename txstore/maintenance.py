@@ -13,6 +13,7 @@ protects the files of writers still at work: no version names their chunks until
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from typing import NamedTuple, TypeVar
 
 from .errors import ConflictError, CorruptError, TxstoreError
 from .format import manifest as fmt
-from .format.manifest import ChunkRef, Manifest, SegmentRef
+from .format.manifest import ChunkRef, Manifest, Retention, SegmentRef
 from .refs import LEASES, RETENTION_KEY, Refs, find_expired, lease_key, with_expired
 from .segments import Segments
 from .storage import FileInfo, Storage
@@ -33,7 +34,8 @@ from .units import parse_duration
 Progress = Callable[[str, int, int], None]
 
 DEFAULT_GRACE = 7 * 86400.0
-DATA_PREFIXES = ("chunks/", "segments/")
+#: The only folders vacuum deletes data files from (see format/manifest.py).
+DATA_PREFIXES = fmt.DATA_PREFIXES
 THREADS = 16
 _CAS_ATTEMPTS = 20
 
@@ -45,13 +47,20 @@ def no_progress(stage: str, done: int, total: int) -> None:
     pass
 
 
-def parallel(fn: Callable[[T], R], items: Sequence[T], stage: str, progress: Progress) -> list[R]:
+def parallel(
+    fn: Callable[[T], R],
+    items: Sequence[T],
+    stage: str,
+    progress: Progress,
+    *,
+    threads: int = THREADS,
+) -> list[R]:
     """``fn`` over ``items`` on a thread pool (object stores answer slowly, in parallel)."""
     if not items:
         return []
     progress(stage, 0, len(items))
     out: list[R] = []
-    with ThreadPoolExecutor(max_workers=min(THREADS, len(items))) as pool:
+    with ThreadPoolExecutor(max_workers=min(threads, len(items))) as pool:
         for i, result in enumerate(pool.map(fn, items), 1):
             out.append(result)
             progress(stage, i, len(items))
@@ -102,13 +111,17 @@ class Reach:
 
 
 def read_manifests(
-    log: VersionLog, versions: Iterable[int], progress: Progress = no_progress
+    log: VersionLog,
+    versions: Iterable[int],
+    progress: Progress = no_progress,
+    *,
+    fresh: bool = False,
 ) -> tuple[dict[int, Manifest], list[Problem]]:
     wanted = list(versions)
 
     def read(v: int) -> Manifest | Problem:
         try:
-            return log.read(v)
+            return log.read(v, fresh=fresh)
         except TxstoreError as e:
             return Problem(f"versions/index.v{v}.json", str(e))
 
@@ -131,8 +144,12 @@ def reach(
     progress: Progress = no_progress,
 ) -> Reach:
     """Every file ``versions`` need; damage is a problem unless only ``tolerate`` versions
-    (expired ones, which a vacuum may have cleaned already) need the damaged file."""
-    manifests, problems = read_manifests(log, versions, progress)
+    (expired ones, which a vacuum may have cleaned already) need the damaged file.
+
+    Reads storage, not this process's caches: it answers vacuum's safety check and verify,
+    which must see a manifest or segment deleted or damaged since it was cached.
+    """
+    manifests, problems = read_manifests(log, versions, progress, fresh=True)
     refs: dict[str, SegmentRef] = {}
     owners: dict[str, set[int]] = {}
     for v, m in manifests.items():
@@ -151,7 +168,7 @@ def reach(
 
     def read(ref: SegmentRef) -> tuple[ChunkRef, ...] | Exception:
         try:
-            return segments.read(ref).chunks
+            return segments.read(ref, fresh=True).chunks
         except TxstoreError as e:
             return e
 
@@ -182,21 +199,31 @@ def reach(
 
 
 def retained_versions(
-    log: VersionLog, refs: Refs, now: float, grace: float | None
+    log: VersionLog,
+    refs: Refs,
+    now: float,
+    grace: float | None,
+    *,
+    retention: Retention | None = None,
+    latest: int | None = None,
 ) -> tuple[int, list[int], frozenset[int]]:
     """(latest, versions to keep, the expired ones among them kept by the grace period).
 
-    Reads the retention record before the tags and leases (see refs.py). With ``grace`` None,
-    only unexpired versions are kept.
+    Reads the retention record (unless given) before the tags and leases (see refs.py), and
+    the latest version (unless given) after them. With ``grace`` None, only unexpired
+    versions are kept. The latest, tagged and leased versions are kept whatever the record
+    says: ``expire`` never lists the latest, so a record that does is damaged or forged.
     """
-    retention, _ = refs.retention()
+    if retention is None:
+        retention, _ = refs.retention()
     protection = refs.protection(now)
-    latest = log.latest_version()
+    if latest is None:
+        latest = log.latest_version()
     keep: list[int] = []
     graced: set[int] = set()
     for v in range(latest + 1):
         listed = find_expired(retention, v)
-        if listed is None or v in protection:
+        if listed is None or v in protection or v == latest:
             keep.append(v)
         elif grace is not None and listed.expired_at > now - grace:
             keep.append(v)
@@ -280,11 +307,11 @@ class VacuumReport:
         return sum(f.size for f in self.files)
 
 
-def _collectable(key: str, data_prefixes: tuple[str, ...]) -> bool:
-    if is_temp(key):
-        return True
-    name = key.rpartition("/")[2]
-    return key.startswith(data_prefixes) and not name.startswith(".")
+def collectable(key: str) -> bool:
+    """Whether vacuum may delete ``key`` once no kept version needs it: a data file directly
+    in a data folder, or an abandoned temp file. Never a manifest, HEAD, ref or txn marker,
+    whatever a document names: the rule depends on the key alone."""
+    return is_temp(key) or fmt.is_data_key(key)
 
 
 def vacuum(
@@ -307,23 +334,20 @@ def vacuum(
     listing = list(storage.list(""))
     progress("listing files", 1, 1)
     newest = log.latest_version()
+    _refuse_if_chain_broken(storage, listing, newest)
     if newest > latest:  # committed while we looked: keep what they need too
         more = reach(log, segments, range(latest + 1, newest + 1), progress=progress)
         _refuse_if_damaged(storage, more)
         needed.segments.update(more.segments)
         needed.files.update(more.files)
     keys = needed.keys
-    # Field files may live in folders of their own: collect there too.
-    prefixes = DATA_PREFIXES + tuple(
-        {f.path.rpartition("/")[0] + "/" for f in needed.files.values()} - set(DATA_PREFIXES)
-    )
     lapsed = {lease_key(lease_id) for lease_id, lease in refs.leases() if lease.expires_at < cutoff}
     doomed = [
         f
         for f in listing
         if f.mtime < cutoff
         and (
-            (f.key not in keys and _collectable(f.key, prefixes))
+            (f.key not in keys and collectable(f.key))
             or (f.key.startswith(LEASES) and f.key in lapsed)
         )
     ]
@@ -336,6 +360,26 @@ def vacuum(
         kept_versions=len(keep),
         expired_versions=latest + 1 - len(keep),
     )
+
+
+_MANIFEST_KEY = re.compile(r"versions/index\.v(0|[1-9][0-9]{0,17})\.json")
+
+
+def listed_versions(listing: Iterable[FileInfo]) -> set[int]:
+    """The versions whose manifests a listing holds."""
+    return {int(m.group(1)) for f in listing if (m := _MANIFEST_KEY.fullmatch(f.key))}
+
+
+def _refuse_if_chain_broken(storage: Storage, listing: list[FileInfo], latest: int) -> None:
+    # A hole wider than the latest-version search sees hides the versions past it: their
+    # files would look unneeded.
+    beyond = [v for v in listed_versions(listing) if v > latest]
+    if beyond:
+        raise CorruptError(
+            f"vacuum stopped before deleting anything: {storage.uri} holds version "
+            f"{max(beyond)} past version {latest}, which looks like the latest: the chain of "
+            "versions is broken. Run `txstore verify`"
+        )
 
 
 def _refuse_if_damaged(storage: Storage, found: Reach) -> None:

@@ -48,14 +48,23 @@ _TAG_KEY = re.compile(rf"{TAGS}({_TAG_NAME.pattern})\.json")
 _LEASE_KEY = re.compile(rf"{LEASES}([0-9a-f]{{32}})\.json")
 
 
+def _valid_tag_name(name: object) -> bool:
+    return isinstance(name, str) and bool(_TAG_NAME.fullmatch(name)) and not name.isdigit()
+
+
 def check_tag_name(name: str) -> str:
     """A tag name that is a safe file name and cannot be mistaken for a version number."""
-    if not isinstance(name, str) or not _TAG_NAME.fullmatch(name) or name.isdigit():
+    if not _valid_tag_name(name):
         raise ValueError(
             f"invalid tag name {name!r}: use letters, digits, '_', '.' and '-' (at most 128, "
             "not starting with '.' or '-', not all digits)"
         )
     return name
+
+
+def is_tag_key(key: str) -> bool:
+    """Whether ``key`` is where a tag is kept (not a temp or lock file beside one)."""
+    return _TAG_KEY.fullmatch(key) is not None
 
 
 def tag_key(name: str) -> str:
@@ -67,7 +76,11 @@ def lease_key(lease_id: str) -> str:
 
 
 def _utc(ts: float) -> str:
-    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    # Only for messages: a stored time out of range must not hide the error being reported.
+    try:
+        return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    except (OverflowError, OSError, ValueError):
+        return f"{ts!r} (not a valid time)"
 
 
 # -- the retention record ------------------------------------------------------------------
@@ -139,16 +152,29 @@ class Refs:
 
     # -- tags ------------------------------------------------------------------------------
 
+    def decode_tag(self, key: str, data: bytes) -> Tag:
+        """The tag document read from ``key``; it must hold the tag its key names."""
+        where = self._where(key)
+        match = _TAG_KEY.fullmatch(key)
+        if match is None:
+            raise CorruptError(f"{where} is not where a tag is kept")
+        name = match.group(1)
+        tag = fmt.decode(data, Tag, where)
+        # Names build keys (untag, protection) and are shown to people: a document that names
+        # another tag, or a path, is damaged or forged.
+        if tag.name != name:
+            raise CorruptError(f"{where} names tag {tag.name!r}, not {name!r} as its key says")
+        if not _valid_tag_name(name):
+            raise CorruptError(f"{where} names tag {name!r}, which is not a valid tag name")
+        return tag
+
     def tag(self, name: str) -> Tag:
         key = tag_key(name)
         try:
             data = self.storage.read(key)
         except NotFoundError:
             raise TagNotFoundError(f"no tag {name!r} in {self.storage.uri}") from None
-        tag = fmt.decode(data, Tag, self._where(key))
-        if tag.name != name:
-            raise CorruptError(f"{self._where(key)} names tag {tag.name!r}")
-        return tag
+        return self.decode_tag(key, data)
 
     def tags(self) -> list[Tag]:
         """Every tag, by name."""
@@ -156,7 +182,7 @@ class Refs:
         out = []
         for key, data in zip(keys, read_many(self.storage, keys), strict=True):
             if data is not None:
-                out.append(fmt.decode(data, Tag, self._where(key)))
+                out.append(self.decode_tag(key, data))
         return sorted(out, key=lambda t: t.name)
 
     def put_tag(
@@ -243,8 +269,8 @@ class Refs:
         ref being created) protects them.
         """
         listed = find_expired(self.retention()[0], version)
-        if listed is None:
-            return
+        if listed is None or version >= self.log.latest_version():
+            return  # the latest never expires: a record listing it is damaged or forged
         if any(key != own_key for key in self.protection(now).get(version, ())):
             return
         raise VersionExpiredError(
@@ -256,8 +282,11 @@ class Refs:
 # -- what the API returns ---------------------------------------------------------------------
 
 
-def _dt(ts: float) -> datetime:
-    return datetime.fromtimestamp(ts, tz=timezone.utc)
+def _dt(ts: float, key: str) -> datetime:
+    try:
+        return datetime.fromtimestamp(ts, tz=timezone.utc)
+    except (OverflowError, OSError, ValueError):
+        raise CorruptError(f"{key} holds a time out of range: {ts!r}") from None
 
 
 @dataclass(frozen=True)
@@ -270,7 +299,8 @@ class TagInfo:
 
     @classmethod
     def from_doc(cls, tag: Tag) -> TagInfo:
-        return cls(tag.name, tag.version, tag.commit_id, _dt(tag.timestamp), tag.message)
+        created = _dt(tag.timestamp, tag_key(tag.name))
+        return cls(tag.name, tag.version, tag.commit_id, created, tag.message)
 
 
 @dataclass(frozen=True)
@@ -288,8 +318,8 @@ class LeaseInfo:
         return cls(
             lease_id,
             lease.version,
-            _dt(lease.created),
-            _dt(lease.expires_at),
+            _dt(lease.created, lease_key(lease_id)),
+            _dt(lease.expires_at, lease_key(lease_id)),
             lease.owner,
             lease.expires_at > now,
         )

@@ -31,12 +31,15 @@ class Segments:
         self._merged: dict[tuple[str, str], SegmentRef] = {}
         self._lock = threading.Lock()
 
-    def read(self, ref: SegmentRef, *, version: int | None = None) -> Segment:
-        with self._lock:
-            cached = self._cache.get(ref.path)
-            if cached is not None:
-                self._cache.move_to_end(ref.path)
-                return cached
+    def read(self, ref: SegmentRef, *, version: int | None = None, fresh: bool = False) -> Segment:
+        """A segment; ``fresh`` reads storage even when it is cached, for checks (verify,
+        vacuum) that must see a segment deleted or damaged since this process read it."""
+        if not fresh:
+            with self._lock:
+                cached = self._cache.get(ref.path)
+                if cached is not None:
+                    self._cache.move_to_end(ref.path)
+                    return cached
         where = f"{self._storage.uri}/{ref.path}"
         if version is not None:
             where += f" (needed by version {version})"

@@ -55,11 +55,20 @@ class Source:
     footer_offset: int
     hidden: frozenset[str]
     digest: str | None = None  # of the bytes before the footer (chunk files, format 1.2)
+    #: The chunk's samples, as its segment says (every source holds them all); -1: unknown.
+    num_samples: int = -1
 
 
 def sources(chunk: ChunkRef) -> list[Source]:
     return [_base(chunk)] + [
-        Source(f.path, f.size, f.crc32, f.footer_offset, frozenset(f.hidden))
+        Source(
+            f.path,
+            f.size,
+            f.crc32,
+            f.footer_offset,
+            frozenset(f.hidden),
+            num_samples=chunk.num_samples,
+        )
         for f in chunk.field_files
     ]
 
@@ -93,6 +102,9 @@ class ChunkReader:
         with self._lock:
             found = self._layouts.get(src.path)
         if found is not None:
+            # Another segment may name the same file with another count: one int compare.
+            if src.num_samples >= 0 and found.footer.num_samples != src.num_samples:
+                self._count_mismatch(src, found, version)
             return found
         try:
             tail = self.storage.read_range(src.path, src.footer_offset, src.size)
@@ -103,7 +115,22 @@ class ChunkReader:
             raise CorruptError(f"{where} is shorter than its manifest says")
         if crc32(tail) != src.crc32:
             raise ChecksumError(f"{where} does not match its checksum")
-        return self._remember(src, parse_footer(tail, where))
+        return self._remember(src, self._parse(src, tail, where, version))
+
+    def _parse(
+        self, src: Source, tail: bytes | memoryview, where: str, version: int
+    ) -> ChunkLayout:
+        """A source's footer, checked against its segment's count of samples."""
+        layout = parse_footer(tail, where, footer_offset=src.footer_offset)
+        if src.num_samples >= 0 and layout.footer.num_samples != src.num_samples:
+            self._count_mismatch(src, layout, version)
+        return layout
+
+    def _count_mismatch(self, src: Source, layout: ChunkLayout, version: int) -> None:
+        raise CorruptError(
+            f"{self._where(src.path, version)} holds {layout.footer.num_samples} samples, "
+            f"its segment says {src.num_samples}"
+        )
 
     def _remember(self, src: Source, layout: ChunkLayout) -> ChunkLayout:
         with self._lock:
@@ -182,7 +209,7 @@ class ChunkReader:
         if verified and chunk_digest(memoryview(data)[: src.footer_offset]) != src.digest:
             raise ChecksumError(f"{where} does not match its digest")
         check_header(data, where)
-        return data, parse_footer(tail, where), verified
+        return data, self._parse(src, tail, where, version), verified
 
     def _read_frames(
         self, src: Source, layout: ChunkLayout, keep: frozenset[str], version: int
@@ -271,6 +298,7 @@ def _base(chunk: ChunkRef) -> Source:
         chunk.footer_offset,
         frozenset(chunk.hidden),
         chunk.digest,
+        chunk.num_samples,
     )
 
 
@@ -345,8 +373,78 @@ class Snapshot(Sequence[Sample]):
         return self._fields
 
     def select(self, fields: Iterable[str]) -> Snapshot:
-        """The same version, reading and decoding only ``fields``."""
-        return self._view(frozenset(fields), self.is_zero_copy)
+        """The same version, reading and decoding only ``fields``.
+
+        ``FieldNotFoundError`` (naming the fields it has, close matches first) for a field
+        that no sample of this version has (a version of no samples takes any name).
+        """
+        if isinstance(fields, str | bytes):
+            raise TypeError(f"fields must be a list of field names, not {fields!r}")
+        wanted = frozenset(fields)
+        for name in wanted:
+            if not isinstance(name, str):
+                raise TypeError(f"a field name is a str, not {name!r}")
+        self._check_fields(wanted)
+        return self._view(wanted, self.is_zero_copy)
+
+    #: Chunk footers read at once to find the fields asked for (remote reads wait on I/O).
+    _FOOTER_READS = 16
+
+    def _check_fields(self, wanted: frozenset[str]) -> None:
+        """Raise FieldNotFoundError unless some sample has each field of ``wanted``.
+
+        A chunk's fields are its footer's columns and its field files' (both less those
+        hidden). Field files name theirs in the segment; the first chunk's footer is read
+        (a read of this view needs it anyway), and only when a field is still not found the
+        others, in parallel, stopping once each is found: a field may appear in later chunks
+        only."""
+        if not wanted or not len(self):
+            return  # none asked for, or no sample to have one
+        chunks = self.chunks()
+        known: set[str] = set()
+        for chunk in chunks:
+            for extra in chunk.field_files:
+                known.update(c for c in extra.columns if c not in extra.hidden)
+
+        def footer_fields(chunk: ChunkRef) -> set[str]:
+            base = _base(chunk)
+            return set(self._reader.layout(base, self.version).columns) - base.hidden
+
+        if not wanted <= known:
+            known |= footer_fields(chunks[0])
+        if wanted <= known:
+            return
+        step = self._FOOTER_READS * 4
+        with ThreadPoolExecutor(self._FOOTER_READS, thread_name_prefix="txstore-fields") as pool:
+            for first in range(1, len(chunks), step):
+                for found in pool.map(footer_fields, chunks[first : first + step]):
+                    known |= found
+                if wanted <= known:
+                    return
+        from .errors import FieldNotFoundError  # kept beside its one use
+
+        raise FieldNotFoundError(self._no_such_fields(sorted(wanted - known), known))
+
+    def _no_such_fields(self, missing: list[str], known: set[str]) -> str:
+        """What to say of fields no sample has: each with its close matches, then the known
+        fields, close matches first."""
+        import difflib
+
+        names, hints, close_ones = sorted(known), [], []
+        for name in missing:
+            close = difflib.get_close_matches(name, names, n=3)
+            close_ones += close
+            hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
+            hints.append(f"{name!r}{hint}")
+        order = list(dict.fromkeys([*close_ones, *names]))
+        shown = ", ".join(map(repr, order[:50])) or "none"
+        if len(order) > 50:
+            shown += f", ... ({len(order)} in all)"
+        plural = "s" if len(missing) > 1 else ""
+        return (
+            f"no sample of version {self.version} of {self.uri} has the field{plural} "
+            f"{', '.join(hints)}; its fields: {shown}"
+        )
 
     def zero_copy(self) -> Snapshot:
         """The same version, giving each top-level ``bytes`` value as a read-only
@@ -383,7 +481,12 @@ class Snapshot(Sequence[Sample]):
             if starts[-1] != ref.num_samples:
                 raise CorruptError(
                     f"segment {ref.path} holds {starts[-1]} samples, "
-                    f"its manifest says {ref.num_samples}"
+                    f"its manifest says {ref.num_samples} (version {self.version})"
+                )
+            if len(chunks) != ref.num_chunks:
+                raise CorruptError(
+                    f"segment {ref.path} holds {len(chunks)} chunks, "
+                    f"its manifest says {ref.num_chunks} (version {self.version})"
                 )
             loaded = self._loaded[number] = _LoadedSegment(chunks, starts)
         return loaded

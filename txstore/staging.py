@@ -9,21 +9,29 @@
 Writers never touch the version chain: their chunks are invisible until the commit names them.
 An abandoned transaction leaves only unreferenced chunks, which vacuum reclaims after its
 grace period. Appends committed by others meanwhile are rebased over, as for ``append``.
+
+A part handed over from elsewhere is checked as strictly as a document read from storage:
+``StagedPart.from_json`` checks what it says (paths in ``chunks/``, counts, sizes), ``add``
+reads back every file it names (size, footer checksum, digest, sample count). Only parts
+checked so, and those this transaction's own writers made, are committed or deleted.
 """
 
 from __future__ import annotations
 
 import contextlib
+import re
 import uuid
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import msgspec
 
-from .errors import ConflictError, TxstoreError
-from .format.manifest import ChunkRef, StoreConfig
-from .storage import open_storage
+from .errors import ConflictError, CorruptError, NotFoundError, TxstoreError
+from .format.chunk import HEADER, TRAILER, check_file
+from .format.manifest import CHUNKS, ChunkRef, StoreConfig, check_data_path
+from .storage import Storage, open_storage
 from .store import Commit, Store
 from .writer import ChunkWriter
 
@@ -56,7 +64,98 @@ class StagedPart(msgspec.Struct, frozen=True, kw_only=True):
 
     @classmethod
     def from_json(cls, data: bytes | str) -> StagedPart:
-        return msgspec.json.decode(data, type=cls)
+        """A part handed over by another process; CorruptError unless it is well formed (the
+        files it names are read back by ``Transaction.add``)."""
+        try:
+            part = msgspec.json.decode(data, type=cls)
+        except msgspec.DecodeError as e:  # ValidationError too
+            raise CorruptError(f"not a valid staged part: {e}") from e
+        check_part(part)
+        return part
+
+
+_DIGEST = re.compile(r"[0-9a-f]{16}")
+#: Threads that read back the chunks of a part handed over (S3 answers each slowly; more
+#: would hold more whole chunks in memory at once).
+_CHECK_THREADS = 4
+
+
+def _where(part: StagedPart) -> str:
+    return f"staged part of transaction {part.staging_id!r}"
+
+
+def _is_count(n: object) -> bool:
+    return isinstance(n, int) and not isinstance(n, bool) and n >= 0
+
+
+def check_part(part: StagedPart) -> None:
+    """What a part says about its chunks is consistent: CorruptError otherwise.
+
+    Reads nothing; ``check_files`` compares the files with it."""
+    where = _where(part)
+    if not isinstance(part.staging_id, str) or not isinstance(part.chunks, tuple):
+        raise CorruptError(f"{where} is not a valid staged part")
+    total = 0
+    for i, chunk in enumerate(part.chunks):
+        if not isinstance(chunk, ChunkRef) or not isinstance(chunk.path, str):
+            raise CorruptError(f"{where}: chunk {i} is not a valid chunk reference")
+        at = f"{where}, chunk {i} ({chunk.path!r})"
+        check_data_path(chunk.path, CHUNKS, where)
+        if not all(_is_count(n) for n in (chunk.num_samples, chunk.size, chunk.footer_offset)):
+            raise CorruptError(f"{at}: sizes and counts must be non-negative integers")
+        if not HEADER.size <= chunk.footer_offset <= chunk.size - TRAILER.size:
+            raise CorruptError(
+                f"{at}: a footer at {chunk.footer_offset} does not fit a file of {chunk.size} bytes"
+            )
+        if not (_is_count(chunk.crc32) and chunk.crc32 < 1 << 32):
+            raise CorruptError(f"{at}: bad crc32 {chunk.crc32!r}")
+        if chunk.digest is not None and not (
+            isinstance(chunk.digest, str) and _DIGEST.fullmatch(chunk.digest)
+        ):
+            raise CorruptError(f"{at}: bad digest {chunk.digest!r}")
+        if chunk.field_files or chunk.hidden:  # only add_fields makes these, never a writer
+            raise CorruptError(f"{at}: a staged chunk has no field files or hidden columns")
+        total += chunk.num_samples
+    if not _is_count(part.num_samples) or part.num_samples != total:
+        raise CorruptError(
+            f"{where} says it holds {part.num_samples!r} samples, its chunks hold {total}"
+        )
+    paths = [c.path for c in part.chunks]
+    if len(set(paths)) != len(paths):
+        raise CorruptError(f"{where} names a chunk twice")
+
+
+def check_files(storage: Storage, part: StagedPart) -> None:
+    """Every file ``part`` names exists in ``storage`` as the part describes it: its size, the
+    CRC-32 of its footer, the digest of the rest, and the footer's sample count; CorruptError
+    otherwise. One read of each file, checked in one pass."""
+    where = _where(part)
+
+    def check(chunk: ChunkRef) -> None:
+        at = f"{where}: chunk {storage.uri}/{chunk.path}"
+        try:
+            data = storage.read_buffer(chunk.path)
+        except NotFoundError:
+            raise CorruptError(f"{at} does not exist") from None
+        layout = check_file(
+            data,
+            size=chunk.size,
+            footer_offset=chunk.footer_offset,
+            crc32_=chunk.crc32,
+            digest=chunk.digest,
+            where=at,
+        )
+        found = layout.block_starts[-1]
+        if found != chunk.num_samples:
+            raise CorruptError(f"{at} holds {found} samples, the part says {chunk.num_samples}")
+
+    if len(part.chunks) <= 1:
+        for chunk in part.chunks:
+            check(chunk)
+        return
+    with ThreadPoolExecutor(max_workers=min(_CHECK_THREADS, len(part.chunks))) as pool:
+        for _ in pool.map(check, part.chunks):  # raises the first failure
+            pass
 
 
 class StagedWriter:
@@ -66,17 +165,22 @@ class StagedWriter:
         self.handle = handle
         self._storage = open_storage(handle.uri, handle.storage_options or None)
         self._writer = ChunkWriter(self._storage, handle.config)
+        #: Told of the part ``finish`` makes (a transaction's own writers: see its ``writer``).
+        self._on_finish: Callable[[StagedPart], None] | None = None
 
     def write(self, samples: Iterable[dict[str, Any]]) -> None:
         self._writer.write(samples)
 
     def finish(self) -> StagedPart:
         chunks = self._writer.finish()
-        return StagedPart(
+        part = StagedPart(
             staging_id=self.handle.staging_id,
             chunks=tuple(chunks),
             num_samples=self._writer.num_samples,
         )
+        if self._on_finish is not None:
+            self._on_finish(part)
+        return part
 
     def abort(self) -> None:
         """Delete the chunks written so far (they were never committed)."""
@@ -106,16 +210,46 @@ class Transaction:
         )
         self._parts: list[StagedPart] = []
         self._writers: list[weakref.ref[StagedWriter]] = []  # made here, in this process
+        # Parts this transaction's own writers made (never handed over: not read back), and
+        # the chunk paths of every part made here or checked by ``add``: the only files a
+        # commit names or an abort deletes.
+        self._own: list[StagedPart] = []
+        self._known: set[str] = set()
+        self._added: set[str] = set()  # chunk paths of the parts added
         self.result: Commit | None = None
 
     def writer(self) -> StagedWriter:
         writer = StagedWriter(self.handle)
+        writer._on_finish = self._made
         self._writers.append(weakref.ref(writer))
         return writer
 
-    def add(self, part: StagedPart) -> None:
+    def _made(self, part: StagedPart) -> None:
+        self._own.append(part)
+        self._known.update(c.path for c in part.chunks)
+
+    def _check(self, part: StagedPart) -> None:
+        """Refuse a part not written for this transaction, or not as it says (CorruptError);
+        a part handed over has each of its files read back."""
+        if not isinstance(part, StagedPart):
+            raise TypeError(f"a StagedPart is needed, not {type(part).__name__}")
         if part.staging_id != self.handle.staging_id:
-            raise TxstoreError("this part was written for another transaction")
+            raise CorruptError(f"{_where(part)} was written for another transaction")
+        check_part(part)
+        if not any(part is own for own in self._own):
+            check_files(self.store.storage, part)
+
+    def _checked(self, part: StagedPart) -> bool:
+        return all(c.path in self._known for c in part.chunks)
+
+    def add(self, part: StagedPart) -> None:
+        """Add a part to commit; CorruptError (and nothing added) unless it passes the check."""
+        self._check(part)
+        paths = [c.path for c in part.chunks]
+        if not self._added.isdisjoint(paths):  # committed twice, its samples would repeat
+            raise CorruptError(f"{_where(part)} names a chunk another part names already")
+        self._added.update(paths)
+        self._known.update(paths)
         self._parts.append(part)
 
     def write(self, samples: Iterable[dict[str, Any]]) -> StagedPart:
@@ -140,6 +274,10 @@ class Transaction:
         since the transaction began; an append likewise refuses to land on a rollback)."""
         if self.result is not None:
             raise TxstoreError("this transaction is committed already")
+        for part in self._parts:
+            if not self._checked(part):  # put in place without ``add``
+                self._check(part)
+                self._known.update(c.path for c in part.chunks)
         chunks = [c for part in self._parts for c in part.chunks]
         try:
             result = self.store.commit_chunks(
@@ -159,8 +297,12 @@ class Transaction:
         return self.result
 
     def abort(self) -> None:
-        """Delete the chunks of every part added, and abort this process's writers of it that
-        are still open (only for a transaction not committed)."""
+        """Abort this process's writers of the transaction that are still open and delete
+        the chunks of the parts they made (only for a transaction not committed).
+
+        The chunks of parts handed over by other processes are left for ``vacuum``: a part
+        can name, correctly, a chunk that a committed version names too, and only vacuum,
+        which reads every kept version, knows which files no version needs."""
         for ref in self._writers:
             writer = ref()
             if writer is not None and not writer.closed:
@@ -168,9 +310,10 @@ class Transaction:
         self._writers.clear()
         storage = self.store.storage
         for part in self._parts:
-            for chunk in part.chunks:
-                with contextlib.suppress(TxstoreError):
-                    storage.delete(chunk.path)
+            if any(part is own for own in self._own):
+                for chunk in part.chunks:
+                    with contextlib.suppress(TxstoreError):
+                        storage.delete(chunk.path)
         self._parts.clear()
 
     def __enter__(self) -> Transaction:

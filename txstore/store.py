@@ -7,7 +7,6 @@ verify); ``Store`` ties them to one storage, version log and clock.
 from __future__ import annotations
 
 import os
-import re
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -43,7 +42,7 @@ from .segments import MAX_SEGMENT_CHUNKS, Segments
 from .snapshot import ChunkReader, Snapshot
 from .storage import Storage, open_storage
 from .txn import CommitResult, RetryPolicy, VersionLog, commit, manifest_key
-from .units import parse_duration
+from .units import parse_duration, parse_size
 from .verify import VerifyReport, verify
 from .writer import ChunkWriter
 
@@ -55,31 +54,7 @@ Ref = int | str
 
 DEFAULT_CHUNK_BYTES = 64 * 2**20
 DEFAULT_BLOCK_BYTES = 64 * 2**10
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-}
-
-
-def parse_size(size: int | str) -> int:
-    """Bytes from an int or a string such as "64MB" or "256KiB"."""
-    if isinstance(size, int):
-        value = size
-    else:
-        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", size)
-        unit = match.group(2).lower() if match else None
-        if match is None or unit not in _UNITS:
-            raise ValueError(f"cannot read {size!r} as a size (e.g. 64MB, 256KiB)")
-        value = int(float(match.group(1)) * _UNITS[unit])
-    if value <= 0:
-        raise ValueError(f"size must be positive, got {size!r}")
-    return value
+DEFAULT_COMPRESSION_LEVEL = 3
 
 
 class Store:
@@ -157,7 +132,14 @@ class Store:
             return manifest
         if isinstance(ref, bool) or not isinstance(ref, int) or ref < 0:
             raise VersionNotFoundError(f"no version {ref!r} in {self.uri}")
-        manifest = self._log.read(ref)
+        try:
+            manifest = self._log.read(ref)
+        except VersionNotFoundError:
+            # Say what does exist: the usual mistake is a number past the end.
+            latest = self._log.latest_version()
+            raise VersionNotFoundError(
+                f"version {ref} does not exist in {self.uri} (latest is {latest})"
+            ) from None
         if check_expired:
             self._refs.check_retained(ref, self._clock())
         return manifest
@@ -198,8 +180,11 @@ class Store:
             raise
         try:
             result = self.commit_chunks(chunks, start=start, message=message, txn_id=txn_id)
-        except ConflictError:
-            writer.abort()  # every attempt read back as someone else's: ours never landed
+        except (ConflictError, CorruptError):
+            # Every attempt read back as someone else's, or damage stopped the commit before
+            # it wrote its manifest (a doubtful write is CommitStateUnknownError): ours never
+            # landed.
+            writer.abort()
             raise
         if not result.created:
             writer.abort()  # the same txn_id landed from elsewhere meanwhile
@@ -407,8 +392,12 @@ class Store:
         if not retention.expired:
             return set()
         protected = self._refs.protection(self._clock())
+        latest = self._log.latest_version()  # never expired, whatever the record says
         return {
-            v for r in retention.expired for v in range(r.first, r.last + 1) if v not in protected
+            v
+            for r in retention.expired
+            for v in range(r.first, min(r.last, latest - 1) + 1)
+            if v not in protected
         }
 
     def vacuum(
@@ -447,15 +436,27 @@ class Store:
             message=message, dry_run=dry_run, progress=progress or no_progress
         )
 
-    def verify(self, *, deep: bool = False, progress: Progress | None = None) -> VerifyReport:
-        """Check every file unexpired versions need (present, size, checksums); ``deep``
-        decodes every sample too. Reports damage in ``problems``; never repairs."""
+    def verify(
+        self, *, quick: bool = False, deep: bool = False, progress: Progress | None = None
+    ) -> VerifyReport:
+        """Check the chain of versions, the refs, and every file unexpired versions need:
+        present, the right size, and every byte against its checksums. ``quick`` reads only
+        the metadata and each data file's footer; ``deep`` also decodes every sample.
+        ``report.level`` says which. Reads storage, not this store's caches. Reports damage
+        in ``problems``; never repairs."""
+
+        def fresh_snapshot(version: int) -> Snapshot:
+            manifest = self._log.read(version, fresh=True)
+            storage = self._storage
+            return Snapshot(manifest, storage, Segments(storage), ChunkReader(storage))
+
         return verify(
             self._log,
             self._segments,
             self._refs,
-            lambda v: Snapshot(self._log.read(v), self._storage, self._segments, self._reader),
+            fresh_snapshot,
             now=self._clock(),
+            quick=quick,
             deep=deep,
             progress=progress or no_progress,
         )
@@ -476,7 +477,7 @@ def create(
     chunk_bytes: int | str = DEFAULT_CHUNK_BYTES,
     block_bytes: int | str = DEFAULT_BLOCK_BYTES,
     compression: str | None = "zstd",
-    compression_level: int = 3,
+    compression_level: int = DEFAULT_COMPRESSION_LEVEL,
     storage_options: dict[str, Any] | None = None,
 ) -> Store:
     """Create an empty store (version 0); ``StoreExistsError`` if one exists there.

@@ -18,14 +18,16 @@ Resuming: ``StreamingDataLoader`` counts the samples each worker has delivered; 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import itertools
+import operator
 import os
 import random
 import shutil
 import tempfile
 import threading
 from bisect import bisect_right
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import accumulate
@@ -42,6 +44,7 @@ from .snapshot import ChunkReader, Fetched, Sample, Snapshot, sources
 from .storage import LocalStorage, MemoryStorage
 from .store import open as open_store
 from .torch_transport import BytesPool, Receiver, pack, unpack
+from .units import parse_duration, parse_size
 
 STATE_FORMAT = 1
 #: A local chunk's files, mapped ahead on the decoding thread, or why they could not be.
@@ -114,6 +117,61 @@ def plan_worker(
 
 def samples_per_rank(total: int, world_size: int, drop_last: bool) -> int:
     return total // world_size if drop_last else -(-total // world_size)
+
+
+# Arguments are checked where they are given: a wrong one found later fails in a DataLoader
+# worker, mid-epoch. A wrong type is a TypeError, a wrong value a ValueError.
+
+
+def _bool(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, not {value!r}")
+    return value
+
+
+def _int(name: str, value: object, minimum: int | None = None) -> int:
+    """An int (numpy's too, never a bool) of at least ``minimum``."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, not {value!r}")
+    try:
+        number = operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"{name} must be an int, not {value!r}") from None
+    if minimum is not None and number < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, not {number}")
+    return number
+
+
+def _callable(name: str, value: Any) -> Any:
+    if value is not None and not callable(value):
+        raise TypeError(f"{name} must be a function or None, not {value!r}")
+    return value
+
+
+def _cache_size(value: object) -> int:
+    """Bytes from an int (0: keep no finished chunk) or a string such as "100GB"."""
+    if isinstance(value, int) and not isinstance(value, bool) and value == 0:
+        return 0
+    if not isinstance(value, int | str) or isinstance(value, bool):
+        raise TypeError(
+            f"max_cache_size must be bytes (an int) or a string such as '100GB', not {value!r}"
+        )
+    try:
+        return parse_size(value)
+    except ValueError as e:
+        raise ValueError(f"max_cache_size: {e}") from None
+
+
+def _fields(value: object) -> list[str] | None:
+    if value is None:
+        return None
+    if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+        raise TypeError(f"fields must be a list of field names or None, not {value!r}")
+    names = list(value)
+    for name in names:
+        if not isinstance(name, str):
+            raise TypeError(f"fields must be a list of field names (str), not {value!r}")
+    return names
 
 
 def _distributed() -> tuple[int, int]:
@@ -260,34 +318,50 @@ class StreamingDataset(IterableDataset[Any]):
 
     def __init__(
         self,
-        source: Snapshot | str,
+        source: Snapshot | str | os.PathLike[str],
         *,
-        version: int | None = None,
+        version: int | str | None = None,
         storage_options: dict[str, Any] | None = None,
         shuffle: bool = False,
         seed: int = 0,
         drop_last: bool = False,
         shuffle_window: int = 2,
-        fields: list[str] | None = None,
+        fields: Iterable[str] | None = None,
         transform: Callable[[Sample], Any] | None = None,
-        cache_dir: str | None = None,
-        max_cache_size: int = 8 * 2**30,
+        cache_dir: str | os.PathLike[str] | None = None,
+        max_cache_size: int | str = 8 * 2**30,
         prefetch_chunks: int = 2,
         lease_ttl: str | float | None = None,
         zero_copy: bool = False,
     ) -> None:
+        shuffle, drop_last = _bool("shuffle", shuffle), _bool("drop_last", drop_last)
+        zero_copy = _bool("zero_copy", zero_copy)
+        seed = _int("seed", seed)
+        shuffle_window = _int("shuffle_window", shuffle_window, 1)
+        prefetch_chunks = _int("prefetch_chunks", prefetch_chunks, 0)
+        max_cache_size = _cache_size(max_cache_size)
+        transform = _callable("transform", transform)
+        names = _fields(fields)
+        if cache_dir is not None and not isinstance(cache_dir, str | os.PathLike):
+            raise TypeError(f"cache_dir must be a path or None, not {cache_dir!r}")
+        if lease_ttl is not None:
+            parse_duration(lease_ttl)  # a bad one raises before the dataset is made
+        if version is not None and not isinstance(version, str):  # a str names a tag
+            version = _int("version", version, 0)
+        if storage_options is not None and not isinstance(storage_options, dict):
+            raise TypeError(f"storage_options must be a dict or None, not {storage_options!r}")
         if isinstance(source, Snapshot):
             if version is not None and version != source.version:
                 raise ValueError(f"version={version} but the snapshot is {source.version}")
             snapshot = source
-        else:
+        elif isinstance(source, str | os.PathLike):
             snapshot = open_store(source, storage_options=storage_options).snapshot(version)
-        if fields is not None:
-            snapshot = snapshot.select(fields)
+        else:
+            raise TypeError(f"source must be a Snapshot or a store's URI, not {source!r}")
+        if names is not None:
+            snapshot = snapshot.select(names)
         if zero_copy:
             snapshot = snapshot.zero_copy()
-        if shuffle_window < 1:
-            raise ValueError("shuffle_window counts chunks and must be at least 1")
         self.snapshot = snapshot
         # A lease keeps expire and vacuum away from the version for as long as this dataset
         # lives in the process that made it (workers do not renew it).
@@ -297,7 +371,7 @@ class StreamingDataset(IterableDataset[Any]):
         self.drop_last = drop_last
         self.shuffle_window = shuffle_window
         self.transform = transform
-        self.cache_dir = cache_dir
+        self.cache_dir = None if cache_dir is None else os.fspath(cache_dir)
         self.max_cache_size = max_cache_size
         self.prefetch_chunks = prefetch_chunks
         self.epoch = 0
@@ -319,10 +393,11 @@ class StreamingDataset(IterableDataset[Any]):
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch whose order the next iteration follows."""
-        self.epoch = epoch
+        self.epoch = _int("epoch", epoch, 0)
 
     def set_distributed(self, rank: int, world_size: int) -> None:
         """Override the rank and world size (read from torch.distributed by default)."""
+        rank, world_size = _int("rank", rank, 0), _int("world_size", world_size, 1)
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in a world of {world_size}")
         self.rank, self.world_size = rank, world_size
@@ -473,6 +548,42 @@ def _can_pin() -> bool:
     return bool(torch.cuda.is_available())
 
 
+#: DataLoader's arguments, to check those given to a StreamingDataLoader by name.
+_LOADER_ARGS = inspect.signature(DataLoader.__init__).replace(
+    parameters=list(inspect.signature(DataLoader.__init__).parameters.values())[1:]
+)
+
+
+def _check_loader_args(given: dict[str, Any]) -> None:
+    """Check what DataLoader leaves to fail later (in its workers, or at the first batch)."""
+    if given.get("shuffle") not in (None, False):
+        raise ValueError(
+            "StreamingDataLoader does not shuffle: pass shuffle=True to the StreamingDataset "
+            "(chunks are permuted, samples shuffled within windows; set_epoch for a new order)"
+        )
+    for name in ("sampler", "batch_sampler"):
+        if given.get(name) is not None:
+            raise ValueError(f"StreamingDataLoader takes no {name}: the dataset orders itself")
+    for name in ("pin_memory", "drop_last", "persistent_workers", "in_order"):
+        if name in given:
+            _bool(name, given[name])
+    if given.get("persistent_workers"):
+        # Persistent workers keep the dataset they started with: they would miss
+        # set_epoch() and a loaded state, breaking the epoch order and resumption.
+        raise ValueError("StreamingDataLoader does not support persistent_workers=True")
+    if given.get("batch_size") is not None:
+        _int("batch_size", given["batch_size"], 1)
+    if "num_workers" in given:
+        _int("num_workers", given["num_workers"], 0)
+    if given.get("prefetch_factor") is not None:
+        _int("prefetch_factor", given["prefetch_factor"], 0)
+    timeout = given.get("timeout", 0)
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+        raise TypeError(f"timeout must be a number of seconds, not {timeout!r}")
+    for name in ("collate_fn", "worker_init_fn"):
+        _callable(name, given.get(name))
+
+
 class StreamingDataLoader(DataLoader[Any]):
     """A DataLoader over a StreamingDataset that can save and resume its place mid-epoch."""
 
@@ -485,11 +596,12 @@ class StreamingDataLoader(DataLoader[Any]):
     ) -> None:
         if not isinstance(dataset, StreamingDataset):
             raise TypeError("StreamingDataLoader needs a StreamingDataset")
-        if kwargs.get("persistent_workers"):
-            # Persistent workers keep the dataset they started with: they would miss
-            # set_epoch() and a loaded state, breaking the epoch order and resumption.
-            raise ValueError("StreamingDataLoader does not support persistent_workers=True")
-        batched = kwargs.get("batch_size", 1) is not None
+        try:
+            given = _LOADER_ARGS.bind(dataset, *args, collate_fn=collate_fn, **kwargs).arguments
+        except TypeError as e:
+            raise TypeError(f"StreamingDataLoader: {e}") from None
+        _check_loader_args(given)
+        batched = given.get("batch_size", 1) is not None
         collate = collate_fn or (default_collate if batched else default_convert)
         kwargs["collate_fn"] = _CountingCollate(collate)
         super().__init__(dataset, *args, **kwargs)

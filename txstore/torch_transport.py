@@ -182,6 +182,7 @@ def _inlinable(value: torch.Tensor) -> bool:
         and not value.requires_grad
         and not value.is_quantized
         and not value.is_complex()  # untried here: complex tensors keep the usual path
+        and not value.is_neg()  # a negative view has no bytes of its own to send
         and value.element_size() * value.numel() <= INLINE_TENSOR_BYTES
     )
 

@@ -1,9 +1,45 @@
-"""Durations as people write them: "90s", "15m", "6h", "30d", "2w", or seconds."""
+"""Sizes and durations as people write them: "64MB", "256KiB", "100GB"; "90s", "6h", "30d"."""
 
 from __future__ import annotations
 
 import re
 from datetime import timedelta
+
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*")
+
+
+def parse_size(size: int | str) -> int:
+    """Bytes (a positive int) from an int or a string such as "64MB", "256KiB" or "100GB".
+
+    ``TypeError`` for anything else (a bool or a float too), ``ValueError`` for text that is
+    not a size or a size that is not positive.
+    """
+    if isinstance(size, int) and not isinstance(size, bool):
+        value = size
+    elif isinstance(size, str):
+        match = _SIZE.fullmatch(size)
+        unit = match.group(2).lower() if match else None
+        if match is None or unit not in _SIZE_UNITS:
+            raise ValueError(f"cannot read {size!r} as a size (e.g. 64MB, 256KiB, 100GB)")
+        value = int(float(match.group(1)) * _SIZE_UNITS[unit])
+    else:
+        raise TypeError(f"a size is an int of bytes or a string such as '64MB', not {size!r}")
+    if value <= 0:
+        raise ValueError(f"size must be positive, got {size!r}")
+    return value
+
 
 _SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _PART = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")

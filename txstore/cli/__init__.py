@@ -1,29 +1,42 @@
 """The ``txstore`` command line: inspect and operate a store from a shell or a script.
 
-Human tables by default, ``--json`` for scripts, a progress line on stderr for long work when
-stderr is a terminal, and a prompt (or ``--yes``) before anything destructive. Exit codes are
-listed in ``EPILOG``.
+Human tables by default, ``--json`` for scripts, progress on stderr for long work when
+stderr is a terminal (or with ``--progress``), and a prompt (or ``--yes``) before anything
+destructive. Exit codes are listed in ``EPILOG``: 2 (bad usage) is only ever about the
+arguments given, never about what the store holds.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
+import os
 import sys
 import textwrap
 from collections.abc import Callable, Sequence
 
+from .. import __version__
 from .. import open as open_store
-from ..errors import ConflictError, TxstoreError
+from ..errors import ConflictError, CorruptError, TxstoreError
+from ..refs import check_tag_name
+from ..storage import open_storage
 from ..store import Store
+from ..units import parse_duration
 from .output import (
     EPILOG,
     EXAMPLES,
+    EXIT_BROKEN_PIPE,
     EXIT_CONFLICT,
+    EXIT_DAMAGED,
     EXIT_ERROR,
     EXIT_NOT_CONFIRMED,
     EXIT_USAGE,
+    _argument,
+    _at_least_one,
     _NotConfirmed,
+    _option_pair,
     _options,
+    _UsageError,
 )
 from .read import (
     _cmd_cat,
@@ -40,6 +53,16 @@ from .write import _cmd_compact, _cmd_expire, _cmd_rollback, _cmd_tag, _cmd_unta
 
 Command = Callable[[Store, argparse.Namespace], int]
 
+_TAG_NAME = _argument(check_tag_name)
+_DURATION = _argument(parse_duration)
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("txstore")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree, not installed
+        return __version__
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -48,18 +71,25 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EXAMPLES + EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("uri", metavar="URI", help="the store: a path or s3://bucket/prefix")
     common.add_argument(
         "--storage-option",
         action="append",
         default=[],
+        type=_argument(_option_pair),
         metavar="KEY=VALUE",
         help="an fsspec/s3fs option, repeatable: endpoint_url=http://host:9000, key=..., "
         "secret=..., region_name=...",
     )
     common.add_argument("--json", action="store_true", help="machine-readable output on stdout")
-    common.add_argument("-q", "--quiet", action="store_true", help="no progress line on stderr")
+    common.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    common.add_argument(
+        "--progress",
+        action="store_true",
+        help="progress on stderr even when it is not a terminal (a line every few seconds)",
+    )
     confirm = argparse.ArgumentParser(add_help=False)
     confirm.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", title="commands")
@@ -104,12 +134,12 @@ def build_parser() -> argparse.ArgumentParser:
         "name a version; a tagged version never expires",
         details="An existing tag is moved only with --force.",
     )
-    p.add_argument("name", help="letters, digits, '_', '.', '-'; not all digits")
+    p.add_argument("name", type=_TAG_NAME, help="letters, digits, '_', '.', '-'; not all digits")
     p.add_argument("ref", metavar="VERSION", nargs="?", default=None, help="default: the latest")
     p.add_argument("-m", "--message", default=None, help="why this version matters")
     p.add_argument("--force", action="store_true", help="move the tag if it exists")
     p = add("untag", _cmd_untag, "delete a tag", confirm)
-    p.add_argument("name")
+    p.add_argument("name", type=_TAG_NAME)
     add("leases", _cmd_leases, "list leases (running jobs' pins on versions)")
     p = add(
         "rollback",
@@ -130,11 +160,16 @@ def build_parser() -> argparse.ArgumentParser:
         "version must meet both.",
     )
     p.add_argument(
-        "--keep-last", type=int, default=None, metavar="N", help="keep the newest N versions"
+        "--keep-last",
+        type=_at_least_one,
+        default=None,
+        metavar="N",
+        help="keep the newest N versions",
     )
     p.add_argument(
         "--older-than",
         default=None,
+        type=_DURATION,
         metavar="AGE",
         help="expire only versions older than AGE (30d, 12h)",
     )
@@ -148,7 +183,11 @@ def build_parser() -> argparse.ArgumentParser:
         "readers of just-expired versions are safe. Safe while others append.",
     )
     p.add_argument(
-        "--grace", default="7d", metavar="AGE", help="default 7d; must exceed your longest append"
+        "--grace",
+        default="7d",
+        type=_DURATION,
+        metavar="AGE",
+        help="default 7d; must exceed your longest append",
     )
     p.add_argument("--dry-run", action="store_true", help="list the files and bytes that would go")
     p = add(
@@ -163,29 +202,59 @@ def build_parser() -> argparse.ArgumentParser:
     p = add(
         "verify",
         _cmd_verify,
-        "check every file unexpired versions need: present, size, checksums",
-        details="Exit code 3 if anything is damaged. Also counts unreferenced files.",
+        "check the chain of versions, the refs, and every file unexpired versions need",
+        details="By default every byte of every data file is read and checked against its "
+        "checksums; --quick reads only the metadata and each file's footer. Exit code 3 if "
+        "anything is damaged. Also counts unreferenced files.",
     )
-    p.add_argument("--deep", action="store_true", help="also decode every sample")
+    level = p.add_mutually_exclusive_group()
+    level.add_argument(
+        "--quick", action="store_true", help="metadata and footers only: chunk bytes are not read"
+    )
+    level.add_argument("--deep", action="store_true", help="also decode every sample")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        try:
+            return _main(argv)
+        finally:
+            sys.stdout.flush()  # here, where a closed pipe can be handled, not at exit
+    except BrokenPipeError:
+        # The reader left (``txstore ls X | head -1``): stop quietly, as programs killed by
+        # SIGPIPE do, and send what is still buffered nowhere so the flush at exit succeeds.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_BROKEN_PIPE
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        with open_store(args.uri, storage_options=_options(args.storage_option)) as store:
+        try:  # the URI and options are the user's: anything wrong with them is bad usage
+            storage = open_storage(args.uri, _options(args.storage_option))
+        except ValueError as e:
+            raise _UsageError(str(e)) from None
+        with open_store(storage) as store:
             code: int = args.run(store, args)
         return code
+    except _UsageError as e:
+        print(f"txstore: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
     except _NotConfirmed as e:
         print(f"txstore: {e}", file=sys.stderr)
         return EXIT_NOT_CONFIRMED
     except ConflictError as e:
         print(f"txstore: conflict: {e}", file=sys.stderr)
         return EXIT_CONFLICT
-    except ValueError as e:  # bad arguments found past the parser (a size, a name)
-        print(f"txstore: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    except (TxstoreError, IndexError) as e:
+    except CorruptError as e:  # damaged or unsafe stored data: the message names the file
+        print(f"txstore: damaged: {e}", file=sys.stderr)
+        return EXIT_DAMAGED
+    # A ValueError or OverflowError past the parser is not about the arguments (those are
+    # checked above): it comes from what the store holds, so it is an error, not bad usage.
+    except (TxstoreError, ValueError, OverflowError, IndexError) as e:
         print(f"txstore: error: {e}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:

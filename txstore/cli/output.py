@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
@@ -14,6 +14,8 @@ from ..maintenance import Progress
 from ..progress import Progress as ProgressLine
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_DAMAGED, EXIT_CONFLICT, EXIT_NOT_CONFIRMED = 0, 1, 2, 3, 4, 5
+#: What a shell reports for a program killed by SIGPIPE (128 + 13): the reader of stdout left.
+EXIT_BROKEN_PIPE = 141
 
 EXAMPLES = """\
 examples:
@@ -29,9 +31,9 @@ examples:
 EPILOG = """\
 exit codes:
   0  success
-  1  error (store or version not found, damaged data, storage failure)
-  2  bad usage
-  3  verify found damage
+  1  error (store, version or tag not found, storage failure)
+  2  bad usage (the arguments given)
+  3  damage: verify found some, or a command met damaged or unsafe stored data
   4  conflict: someone committed meanwhile and nothing was changed; look, then retry
   5  not confirmed: a destructive command was declined, or had no --yes without a terminal
 
@@ -43,12 +45,45 @@ class _NotConfirmed(Exception):
     pass
 
 
+class _UsageError(Exception):
+    """The arguments given cannot work (exit code 2); never raised for what the store holds."""
+
+
+def _argument(check: Callable[[str], object]) -> Callable[[str], str]:
+    """An argparse type that checks a value with ``check`` (which raises ValueError) and keeps
+    the text: argparse then reports the error as bad usage, with the check's message."""
+
+    def parse(text: str) -> str:
+        try:
+            check(text)
+        except (ValueError, TypeError) as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        return text
+
+    return parse
+
+
+def _option_pair(text: str) -> None:
+    if "=" not in text:
+        raise ValueError(f"--storage-option takes key=value, got {text!r}")
+
+
+def _at_least_one(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def _options(pairs: list[str]) -> dict[str, Any] | None:
     options: dict[str, Any] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep:
-            raise ValueError(f"--storage-option takes key=value, got {pair!r}")
+            raise _UsageError(f"--storage-option takes key=value, got {pair!r}")
         if key == "endpoint_url":  # s3fs wants the endpoint inside client_kwargs
             options.setdefault("client_kwargs", {})["endpoint_url"] = value
         elif key == "region_name":
@@ -75,7 +110,10 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], right: str = "
 
 
 def _when(ts: datetime) -> str:
-    return f"{ts.astimezone(timezone.utc):%Y-%m-%d %H:%M:%S}"
+    try:
+        return f"{ts.astimezone(timezone.utc):%Y-%m-%d %H:%M:%S}"
+    except (OverflowError, OSError, ValueError):  # a time stored out of range: show, not fail
+        return str(ts)
 
 
 def _bytes(n: int) -> str:
@@ -101,8 +139,9 @@ def _commit_json(c: Commit) -> dict[str, Any]:
 
 
 def _progress(args: argparse.Namespace) -> Progress:
-    """A progress callback drawing one stderr line per stage, only on a terminal."""
-    enabled = sys.stderr.isatty() and not args.quiet
+    """A progress callback reporting each stage on stderr: on a terminal, or with --progress
+    (then plain lines, a few seconds apart, as ``ProgressLine`` writes them off a terminal)."""
+    enabled = (sys.stderr.isatty() or args.progress) and not args.quiet
     current: list[ProgressLine] = []
 
     def report(stage: str, done: int, total: int) -> None:

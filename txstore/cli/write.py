@@ -8,7 +8,16 @@ from collections.abc import Sequence
 
 from ..store import Store
 from ..units import format_duration
-from .output import EXIT_OK, _bytes, _commit_json, _confirm, _print_json, _progress, _table
+from .output import (
+    EXIT_OK,
+    _bytes,
+    _commit_json,
+    _confirm,
+    _print_json,
+    _progress,
+    _table,
+    _UsageError,
+)
 
 
 def _cmd_tag(store: Store, args: argparse.Namespace) -> int:
@@ -36,6 +45,8 @@ def _cmd_untag(store: Store, args: argparse.Namespace) -> int:
 def _cmd_rollback(store: Store, args: argparse.Namespace) -> int:
     latest = store.manifest()
     target = store.manifest(args.ref)
+    if target.version == latest.version:
+        raise _UsageError(f"version {target.version} is the latest already: nothing to roll back")
     if target.version in store.expired_versions():
         store.snapshot(target.version)  # raises VersionExpiredError with the details
     _confirm(
@@ -56,7 +67,7 @@ def _cmd_rollback(store: Store, args: argparse.Namespace) -> int:
 
 def _cmd_expire(store: Store, args: argparse.Namespace) -> int:
     if args.keep_last is None and args.older_than is None:
-        raise ValueError("expire needs --keep-last, --older-than or both")
+        raise _UsageError("expire needs --keep-last, --older-than or both")
     plan = store.expire(keep_last=args.keep_last, older_than=args.older_than, dry_run=True)
     report = plan
     if plan.expired and not args.dry_run:

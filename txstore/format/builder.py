@@ -26,7 +26,15 @@ from ..errors import EncodeError
 from .chunk import FLAG_SPARSE, HEADER, MAX_BLOCK_SAMPLES
 from .chunkfile import BuiltChunk, ChunkStream, SealedFrames
 from .codec import CODEC_RAW, FrameCompressor
-from .values import ABSENT, ABSENT_BYTES, INT_MAX, INT_MIN, Absent, ValueEncoder
+from .values import (
+    ABSENT,
+    ABSENT_BYTES,
+    INT_MAX,
+    INT_MIN,
+    MAX_VALUE_BYTES,
+    Absent,
+    ValueEncoder,
+)
 
 
 def _array_header(n: int) -> bytes:
@@ -69,6 +77,23 @@ _MAX_SHAPES = 64
 #: sample at a time before it checks a whole list in C again.
 _BATCH_BACKOFF = 8
 _END = object()  # the end of a source
+#: A block whose estimated size reaches this is checked for a value the format cannot
+#: address (one over ``MAX_VALUE_BYTES``, or one starting past 4 GiB in its frame: a frame's
+#: offsets are u32) before it takes its next sample. Below it, none can be: the estimate is
+#: at most a few bytes a value short. Only blocks this large pay for the check.
+_CHECK_BLOCK_AT = 2**32 - 2**20
+
+
+def _value_bytes(value: Any) -> int:
+    """About how many bytes a value of a block takes in its frame (at most 5 over)."""
+    kind = type(value)
+    if kind is bytes:
+        return len(value) + 5
+    if kind is str:
+        return (len(value) if value.isascii() else len(value.encode(errors="replace"))) + 5
+    if kind is _Encoded:
+        return len(value.data)
+    return 9  # ABSENT, ints, floats, bools, None
 
 
 class _Encoded:
@@ -141,6 +166,7 @@ class ChunkBuilder:
 
     def __init__(self, *, block_bytes: int, compressor: FrameCompressor) -> None:
         self._block_limit = block_bytes
+        self._check_at = min(block_bytes, _CHECK_BLOCK_AT)  # seal, or check the block
         self._compressor = compressor
         encoder = ValueEncoder()
         self._encode = encoder.encode
@@ -223,8 +249,11 @@ class ChunkBuilder:
                 self._key_index = dict(fast.index)
         rows.append(row)
         self._block_bytes += nbytes
-        if self._block_bytes >= self._block_limit or len(rows) >= MAX_BLOCK_SAMPLES:
-            self._seal_block()
+        if self._block_bytes >= self._check_at or len(rows) >= MAX_BLOCK_SAMPLES:
+            if self._block_bytes >= _CHECK_BLOCK_AT:
+                self._refuse_unaddressable(position, nbytes)
+            if self._block_bytes >= self._block_limit or len(rows) >= MAX_BLOCK_SAMPLES:
+                self._seal_block()
         return self._size + self._block_bytes
 
     def add_many(self, samples: Sequence[Any], position: int, limit: int) -> int:
@@ -235,7 +264,7 @@ class ChunkBuilder:
         if self._batch_skips > 0:
             self._batch_skips -= 1
         elif self._fast is not None:
-            done = self._add_shaped(samples, limit)
+            done = self._add_shaped(samples, position, limit)
             if done == 0:
                 self._batch_skips = _BATCH_BACKOFF
             elif self.size >= limit:
@@ -268,7 +297,7 @@ class ChunkBuilder:
                 fast.sized,
                 fast.ints,
             )
-            fixed, block_limit, sealed = fast.fixed, self._block_limit, self._size
+            fixed, block_limit, sealed = fast.fixed, self._check_at, self._size
             block_bytes, append, other = self._block_bytes, rows.append, None
             try:  # the block's size stays right if the source raises
                 for sample in source:
@@ -310,12 +339,14 @@ class ChunkBuilder:
                 if self.add(other, position + added - 1) >= limit:
                     return added
                 continue
-            if block_bytes >= block_limit or len(rows) >= MAX_BLOCK_SAMPLES:
+            if block_bytes >= _CHECK_BLOCK_AT:  # the last sample taken made it so
+                self._refuse_unaddressable(position + added - 1, nbytes)
+            if block_bytes >= self._block_limit or len(rows) >= MAX_BLOCK_SAMPLES:
                 self._seal_block()
             if self.size >= limit:
                 return added
 
-    def _add_shaped(self, samples: Sequence[Any], limit: int) -> int:
+    def _add_shaped(self, samples: Sequence[Any], position: int, limit: int) -> int:
         """Add the samples if all have the fast path's shape and plain values that need no
         per-sample work: each check is one C pass over the whole list. Returns how many were
         added: all, none, those up to the one that brings ``size`` to ``limit``, or those
@@ -356,7 +387,7 @@ class ChunkBuilder:
             # Taking the samples before k fills the block (``add`` would seal it there) or the
             # chunk once before[k] + k * fixed reaches ``need``. Large samples often do alone.
             fixed = fast.fixed
-            room = min(self._block_limit - self._block_bytes, limit - self.size)
+            room = min(self._check_at - self._block_bytes, limit - self.size)
             need = room + before[start] + start * fixed
             end = start + min(len(rows) - start, MAX_BLOCK_SAMPLES - len(self._rows))
             stop = start + 1
@@ -368,6 +399,10 @@ class ChunkBuilder:
                 stop = min(end, stop + bisect_left(range(stop, end + 1), need, key=weighed))
             self._rows.extend(rows[start:stop])
             self._block_bytes += before[stop] - before[start] + (stop - start) * fixed
+            if self._block_bytes >= _CHECK_BLOCK_AT:  # only the last sample can make it so
+                self._refuse_unaddressable(
+                    position + stop - 1, before[stop] - before[stop - 1] + fixed
+                )
             if self._block_bytes >= self._block_limit or len(self._rows) >= MAX_BLOCK_SAMPLES:
                 self._seal_block()
             start = stop
@@ -420,6 +455,41 @@ class ChunkBuilder:
             self._keys.append(key)
         self._fast = self._shape(types) if row and len(sample) == len(row) else None
         return row, nbytes
+
+    def _refuse_unaddressable(self, position: int, nbytes: int) -> None:
+        """Take back the block's last sample (at ``position``, ``nbytes`` in the estimate)
+        and raise EncodeError if one of its values cannot be stored: over
+        ``MAX_VALUE_BYTES``, or starting past 4 GiB in its column's frame. A rare path: only
+        for blocks of about 4 GiB."""
+        rows = self._rows
+        last = rows[-1]
+        why = ""
+        for j, value in enumerate(last):
+            if _value_bytes(value) > MAX_VALUE_BYTES + 5:  # a bin or str header
+                why = (
+                    f"a value of {_value_bytes(value) - 5} bytes or more; the format holds at "
+                    f"most {MAX_VALUE_BYTES} bytes a value"
+                )
+            elif (
+                len(rows) > 1
+                and 5 + sum(_value_bytes(row[j]) for row in rows[:-1] if j < len(row))
+                > MAX_VALUE_BYTES
+            ):
+                why = (
+                    "this key's values in one block would pass 4 GiB (a frame's offsets are "
+                    "32-bit): lower block_bytes"
+                )
+            if why:
+                key = self._keys[j] if j < len(self._keys) else "?"
+                rows.pop()
+                self._block_bytes -= nbytes
+                # The refused sample may have brought new keys, and its shape is the fast one.
+                width = max(map(len, rows), default=0)
+                for gone in self._keys[width:]:
+                    del self._key_index[gone]
+                del self._keys[width:]
+                self._fast = None
+                raise EncodeError(f"sample {position}, key {key!r}: {why}")
 
     def _shape(self, types: tuple[type, ...]) -> _FastPath:
         """The fast path for samples with the block's keys in order and these types: made

@@ -2,13 +2,14 @@
 
 Every document carries ``format`` ("txstore") and ``format_version`` [major, minor]; a reader
 refuses a newer major version and anything that is not a txstore document. Every path a
-document names is checked to stay inside the store's root.
+document names is checked to stay inside the store's root, and a data file's path to lie in
+its data folder.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
@@ -20,6 +21,25 @@ FORMAT_MAJOR, FORMAT_MINOR = 1, 2
 _SAFE_PATH = re.compile(r"[A-Za-z0-9_.\-]+(/[A-Za-z0-9_.\-]+)*")
 
 
+# Ranges of the numbers documents hold, checked as they are decoded (format §3): a forged or
+# damaged number is a CorruptError there, never an OverflowError or a wrong answer later.
+#: Counts, sizes, offsets and version numbers: non-negative and within a signed 64-bit int
+#: (``len()`` of a snapshot must fit in a Py_ssize_t).
+Count = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
+#: A sample count difference (``added_samples`` of a rollback or compaction may be negative).
+Delta = Annotated[int, msgspec.Meta(ge=-(2**63 - 1), le=2**63 - 1)]
+#: A CRC-32.
+U32 = Annotated[int, msgspec.Meta(ge=0, le=2**32 - 1)]
+#: A positive size (store settings).
+Size = Annotated[int, msgspec.Meta(ge=1, le=2**63 - 1)]
+#: A format version number.
+FormatNumber = Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)]
+#: Seconds since the Unix epoch, UTC, from 1970 to the end of year 9999 (what ``datetime``
+#: represents): finite, so every tool can show it.
+MAX_TIMESTAMP = 253402300799.0
+Timestamp = Annotated[float, msgspec.Meta(ge=0, le=MAX_TIMESTAMP)]
+
+
 def check_path(path: str, where: str) -> str:
     """A store-relative path, refused if it could name anything outside the store."""
     if not _SAFE_PATH.fullmatch(path) or any(p in (".", "..") for p in path.split("/")):
@@ -27,11 +47,56 @@ def check_path(path: str, where: str) -> str:
     return path
 
 
+#: The data folders: chunk files and field files live directly in ``chunks/``, segment files
+#: directly in ``segments/``, and nowhere else. These are the only folders vacuum deletes
+#: from, so a document naming a data file elsewhere (say ``versions/x.chunk``) is corrupt:
+#: otherwise a forged reference would make a metadata folder look like data.
+CHUNKS = "chunks/"
+SEGMENTS = "segments/"
+DATA_PREFIXES = (CHUNKS, SEGMENTS)
+# A file name in a data folder: no sub-folder, and no leading dot (lock files, hidden files
+# and the local backend's ".tmp." files are never data).
+_DATA_NAME = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]*")
+
+
+def is_data_path(path: str, folder: str) -> bool:
+    """Whether ``path`` names a file directly in the data folder ``folder``."""
+    return path.startswith(folder) and _DATA_NAME.fullmatch(path[len(folder) :]) is not None
+
+
+def is_data_key(key: str) -> bool:
+    """Whether ``key`` could be a data file (a chunk, field or segment file) of the store."""
+    return any(is_data_path(key, folder) for folder in DATA_PREFIXES)
+
+
+def check_data_path(path: str, folder: str, where: str) -> str:
+    """A data file's path, refused unless it lies directly in its data folder ``folder``."""
+    check_path(path, where)
+    if not is_data_path(path, folder):
+        raise CorruptError(
+            f"{where} names a data file outside {folder}: {path!r} (data files of this kind "
+            f"live only directly in {folder})"
+        )
+    return path
+
+
+def check_chunk_paths(chunk: ChunkRef, where: str) -> None:
+    """A chunk reference's chunk file and field files lie in ``chunks/``."""
+    check_data_path(chunk.path, CHUNKS, where)
+    for extra in chunk.field_files:
+        check_data_path(extra.path, CHUNKS, where)
+
+
 class StoreConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=False):
-    chunk_bytes: int
-    block_bytes: int
+    chunk_bytes: Size
+    block_bytes: Size
     compression: Literal["zstd"] | None
-    compression_level: int
+    compression_level: Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31 - 1)]
+
+
+def _check_offset(footer_offset: int, size: int) -> None:
+    if footer_offset > size:
+        raise ValueError(f"footer_offset {footer_offset} is past the file's size {size}")
 
 
 class FieldFile(msgspec.Struct, frozen=True, kw_only=True):
@@ -42,11 +107,14 @@ class FieldFile(msgspec.Struct, frozen=True, kw_only=True):
     """
 
     path: str
-    size: int
-    crc32: int
-    footer_offset: int
+    size: Count
+    crc32: U32
+    footer_offset: Count
     columns: tuple[str, ...]
     hidden: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        _check_offset(self.footer_offset, self.size)
 
 
 class ChunkRef(msgspec.Struct, frozen=True, kw_only=True):
@@ -57,29 +125,32 @@ class ChunkRef(msgspec.Struct, frozen=True, kw_only=True):
     """
 
     path: str
-    num_samples: int
-    size: int
-    crc32: int
-    footer_offset: int
+    num_samples: Count
+    size: Count
+    crc32: U32
+    footer_offset: Count
     hidden: tuple[str, ...] = ()
     field_files: tuple[FieldFile, ...] = ()
     #: XXH3-64 of the file's bytes [0, footer_offset) in hex (format 1.2; None before).
     digest: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_offset(self.footer_offset, self.size)
 
 
 class SegmentRef(msgspec.Struct, frozen=True, kw_only=True):
     """A segment file (an immutable list of chunks) as a manifest names it."""
 
     path: str
-    num_samples: int
-    num_chunks: int
-    size: int
-    crc32: int
+    num_samples: Count
+    num_chunks: Count
+    size: Count
+    crc32: U32
 
 
 class _Document(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
     format: str = FORMAT
-    format_version: tuple[int, int] = (FORMAT_MAJOR, FORMAT_MINOR)
+    format_version: tuple[FormatNumber, FormatNumber] = (FORMAT_MAJOR, FORMAT_MINOR)
 
 
 class Segment(_Document, tag="segment", kw_only=True, frozen=True):
@@ -89,33 +160,41 @@ class Segment(_Document, tag="segment", kw_only=True, frozen=True):
 class Manifest(_Document, tag="manifest", kw_only=True, frozen=True):
     """One committed version: the whole dataset as an ordered list of segments."""
 
-    version: int
-    parent: int | None
+    version: Count
+    parent: Count | None
     commit_id: str
     txn_id: str | None = None
     operation: str
-    timestamp: float
+    timestamp: Timestamp
     message: str | None = None
-    num_samples: int
-    added_samples: int
+    num_samples: Count
+    added_samples: Delta
     config: StoreConfig
     segments: tuple[SegmentRef, ...]
     properties: dict[str, str] = {}
     #: 1.1: the version whose content a "rollback" restores or a "compact" rewrote.
-    source_version: int | None = None
+    source_version: Count | None = None
+
+    def __post_init__(self) -> None:
+        # Cheap here, and what makes ``len()`` of a snapshot agree with its samples.
+        total = sum(s.num_samples for s in self.segments)
+        if total != self.num_samples:
+            raise ValueError(
+                f"num_samples is {self.num_samples}, its segments hold {total} samples"
+            )
 
 
 class Head(_Document, tag="head", kw_only=True, frozen=True):
     """The HEAD hint: a recent version, only ever moved forward. Never trusted alone."""
 
-    version: int
+    version: Count
 
 
 class TxnMarker(_Document, tag="txn", kw_only=True, frozen=True):
     """Records which version committed a caller's transaction id."""
 
     txn_id: str
-    version: int
+    version: Count
     commit_id: str
 
 
@@ -123,28 +202,28 @@ class Tag(_Document, tag="tag", kw_only=True, frozen=True):
     """1.1: ``refs/tags/<name>.json``, a name for one version (checked by its commit id)."""
 
     name: str
-    version: int
+    version: Count
     commit_id: str
-    timestamp: float
+    timestamp: Timestamp
     message: str | None = None
 
 
 class LeaseRecord(_Document, tag="lease", kw_only=True, frozen=True):
     """1.1: ``refs/leases/<id>.json``, a running job's pin on a version until ``expires_at``."""
 
-    version: int
+    version: Count
     commit_id: str
-    created: float
-    expires_at: float
+    created: Timestamp
+    expires_at: Timestamp
     owner: str = ""
 
 
 class ExpiredRange(msgspec.Struct, frozen=True, kw_only=True):
     """Versions ``first`` to ``last`` (inclusive), expired at ``expired_at``."""
 
-    first: int
-    last: int
-    expired_at: float
+    first: Count
+    last: Count
+    expired_at: Timestamp
 
 
 class Retention(_Document, tag="retention", kw_only=True, frozen=True):
@@ -194,9 +273,7 @@ def decode(data: bytes, kind: type[D], where: str) -> D:
 def _check_paths(doc: _Document, where: str) -> None:
     if isinstance(doc, Manifest):
         for seg in doc.segments:
-            check_path(seg.path, where)
+            check_data_path(seg.path, SEGMENTS, where)
     elif isinstance(doc, Segment):
         for chunk in doc.chunks:
-            check_path(chunk.path, where)
-            for extra in chunk.field_files:
-                check_path(extra.path, where)
+            check_chunk_paths(chunk, where)

@@ -7,12 +7,17 @@ only when a value of theirs is met.
 
 from __future__ import annotations
 
+import math
+import operator
 import struct
+import threading
+from functools import lru_cache
+from itertools import repeat
 from typing import Any
 
 import msgspec
 
-from ..errors import EncodeError, UnsupportedFormatError
+from ..errors import CorruptError, EncodeError, UnsupportedFormatError
 
 # MessagePack extension codes (documented in docs/format.md).
 EXT_ABSENT = 0  # the sample has no value for this column
@@ -22,8 +27,41 @@ EXT_NPSCALAR = 3  # numpy scalar (np.float32(1.0) and friends)
 
 MAX_DEPTH = 32
 INT_MIN, INT_MAX = -(2**63), 2**64 - 1
+#: The most bytes one MessagePack str, bin or ext holds (its length is a u32); a frame's
+#: offsets of values are u32 too.
+MAX_VALUE_BYTES = 2**32 - 1
+#: The most data an array or tensor value holds: its payload also has a small header.
+MAX_ARRAY_BYTES = MAX_VALUE_BYTES - 4096
+MAX_NDIM = 64  # numpy's limit
 _PLAIN = frozenset({type(None), bool, float, str, bytes})
 _HEADER = struct.Struct("<I")
+#: The torch dtypes a tensor value may have (names without ``torch.``): those with a fixed
+#: element size that ``frombuffer`` reads back; shell, packed and quantized dtypes are not.
+TORCH_DTYPES = frozenset(
+    {
+        "bool",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "float16",
+        "bfloat16",
+        "float32",
+        "float64",
+        "complex32",
+        "complex64",
+        "complex128",
+        "float8_e4m3fn",
+        "float8_e4m3fnuz",
+        "float8_e5m2",
+        "float8_e5m2fnuz",
+        "float8_e8m0fnu",
+    }
+)
 
 
 class Absent:
@@ -43,10 +81,60 @@ def _array_payload(header: list[Any], data: bytes) -> bytes:
     return _HEADER.pack(len(head)) + head + data
 
 
-def _split_payload(payload: memoryview) -> tuple[list[Any], memoryview]:
+_Shape = list[int]
+_array_header = msgspec.msgpack.Decoder(tuple[str, _Shape])
+_scalar_header = msgspec.msgpack.Decoder(tuple[str])
+
+
+def _split_payload(
+    payload: memoryview, header: msgspec.msgpack.Decoder[Any], what: str
+) -> tuple[Any, memoryview]:
+    if len(payload) < _HEADER.size:
+        raise CorruptError(f"a truncated {what} value ({len(payload)} bytes)")
     (n,) = _HEADER.unpack_from(payload)
-    header = msgspec.msgpack.decode(payload[4 : 4 + n])
-    return header, payload[4 + n :]
+    if 4 + n > len(payload):
+        raise CorruptError(f"a truncated {what} value (header of {n} bytes)")
+    try:
+        return header.decode(payload[4 : 4 + n]), payload[4 + n :]
+    except msgspec.DecodeError as e:
+        raise CorruptError(f"a {what} value with a bad header: {e}") from None
+
+
+def _check_shape(shape: list[int], itemsize: int, raw: memoryview, what: str) -> tuple[int, ...]:
+    if len(shape) > MAX_NDIM or min(shape, default=0) < 0:
+        raise CorruptError(f"a {what} value of shape {shape}")
+    if math.prod(shape) * itemsize != len(raw):
+        raise CorruptError(f"a {what} value of shape {shape} with {len(raw)} bytes of data")
+    return tuple(shape)
+
+
+@lru_cache(maxsize=256)
+def _numpy_dtype(name: str) -> Any:
+    """The numpy dtype a value names, if it is one the writer writes (``dtype.str`` of a
+    bool, integer, float or complex dtype); else CorruptError."""
+    import numpy as np
+
+    try:
+        dtype = np.dtype(name)
+    except (TypeError, ValueError, SyntaxError):
+        dtype = None
+    if (
+        dtype is None
+        or dtype.str != name
+        or dtype.kind not in "biufc"
+        or dtype.hasobject
+        or dtype.fields is not None
+        or dtype.subdtype is not None
+    ):
+        raise CorruptError(f"an array value of dtype {name!r} (not one txstore writes)")
+    return dtype
+
+
+def _torch_dtype(torch: Any, name: str) -> Any:
+    dtype = getattr(torch, name, None) if name in TORCH_DTYPES else None
+    if not isinstance(dtype, torch.dtype):
+        raise CorruptError(f"a tensor value of dtype {name!r} (not one txstore writes)")
+    return dtype
 
 
 def _enc_hook(obj: Any) -> msgspec.msgpack.Ext:
@@ -65,7 +153,8 @@ def _enc_hook(obj: Any) -> msgspec.msgpack.Ext:
         import torch
 
         if isinstance(obj, torch.Tensor):
-            t = obj.detach().cpu().contiguous()
+            # Conjugate and negative views are flags on shared memory: their values, stored.
+            t = obj.detach().cpu().resolve_conj().resolve_neg().contiguous()
             raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
             dtype = str(t.dtype).removeprefix("torch.")
             return msgspec.msgpack.Ext(EXT_TENSOR, _array_payload([dtype, list(t.shape)], raw))
@@ -73,18 +162,24 @@ def _enc_hook(obj: Any) -> msgspec.msgpack.Ext:
 
 
 def _ext_hook(code: int, data: memoryview) -> Any:
+    """A value of an extension type; the ABSENT marker is refused here (a value never holds
+    it: only a sparse frame's top level does, which ``_sparse_hook`` decodes)."""
     if code == EXT_ABSENT:
-        return ABSENT
+        raise CorruptError("an absent marker where a value belongs")
     if code == EXT_NDARRAY:
         import numpy as np
 
-        (dtype, shape), raw = _split_payload(data)
-        return np.frombuffer(raw, dtype=np.dtype(dtype)).reshape(tuple(shape)).copy()
+        (name, shape), raw = _split_payload(data, _array_header, "numpy array")
+        dtype = _numpy_dtype(name)
+        shape = _check_shape(shape, dtype.itemsize, raw, "numpy array")
+        return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
     if code == EXT_NPSCALAR:
         import numpy as np
 
-        (dtype,), raw = _split_payload(data)
-        return np.frombuffer(raw, dtype=np.dtype(dtype))[0]
+        (name,), raw = _split_payload(data, _scalar_header, "numpy scalar")
+        dtype = _numpy_dtype(name)
+        _check_shape([], dtype.itemsize, raw, "numpy scalar")
+        return np.frombuffer(raw, dtype=dtype)[0]
     if code == EXT_TENSOR:
         try:
             import torch
@@ -92,12 +187,29 @@ def _ext_hook(code: int, data: memoryview) -> Any:
             raise UnsupportedFormatError(
                 "this sample holds a torch tensor; install torch (txstore[torch]) to read it"
             ) from e
-        (dtype, shape), raw = _split_payload(data)
-        torch_dtype = getattr(torch, dtype)
+        (name, shape), raw = _split_payload(data, _array_header, "tensor")
+        torch_dtype = _torch_dtype(torch, name)
+        shape = _check_shape(shape, torch_dtype.itemsize, raw, "tensor")
         if not raw:
-            return torch.empty(tuple(shape), dtype=torch_dtype)
-        return torch.frombuffer(bytearray(raw), dtype=torch_dtype).reshape(tuple(shape))
+            return torch.empty(shape, dtype=torch_dtype)
+        return torch.frombuffer(bytearray(raw), dtype=torch_dtype).reshape(shape)
     raise UnsupportedFormatError(f"unknown MessagePack extension code {code}")
+
+
+class _Counter(threading.local):
+    absent = 0
+
+
+#: ABSENT markers decoded by this thread: a sparse frame's values hold as many at their top
+#: level as its decoding met, or one was inside a value.
+_absent = _Counter()
+
+
+def _sparse_hook(code: int, data: memoryview) -> Any:
+    if code == EXT_ABSENT:
+        _absent.absent += 1
+        return ABSENT
+    return _ext_hook(code, data)
 
 
 ABSENT_BYTES = msgspec.msgpack.encode(msgspec.msgpack.Ext(EXT_ABSENT, b""))
@@ -111,17 +223,30 @@ def _numeric_array_error(value: Any) -> str | None:
 
         if isinstance(value, np.ndarray | np.generic):
             kind = value.dtype.kind
-            if kind in "biufc" and not value.dtype.hasobject:
-                return None
-            return f"numpy dtype {value.dtype} is not numeric or bool"
+            if kind not in "biufc" or value.dtype.hasobject:
+                return f"numpy dtype {value.dtype} is not numeric or bool"
+            if value.nbytes > MAX_ARRAY_BYTES:
+                return _too_large(value.nbytes)
+            return None
     if module.startswith("torch"):
         import torch
 
         if isinstance(value, torch.Tensor):
-            if value.is_sparse or value.is_quantized or value.is_nested:
+            if value.layout is not torch.strided or value.is_quantized or value.is_nested:
                 return "sparse, quantized and nested tensors are not supported"
+            if value.is_meta:
+                return "a meta tensor has no data to store"
+            name = str(value.dtype).removeprefix("torch.")
+            if name not in TORCH_DTYPES:
+                return f"tensor dtype {name} is not supported"
+            if value.numel() * value.element_size() > MAX_ARRAY_BYTES:
+                return _too_large(value.numel() * value.element_size())
             return None
     return f"unsupported type {type(value).__module__}.{type(value).__qualname__}"
+
+
+def _too_large(nbytes: int) -> str:
+    return f"a value of {nbytes} bytes; the format holds at most {MAX_VALUE_BYTES} bytes a value"
 
 
 def _check(value: Any, depth: int) -> str | None:
@@ -171,7 +296,14 @@ class ValueEncoder:
         why = _check(value, 1)
         if why:
             raise EncodeError(f"sample {position}, key {key!r}: {why}")
-        return self._encoder.encode(value)
+        try:
+            return self._encoder.encode(value)
+        except UnicodeEncodeError:
+            raise  # the builder names it
+        except (ValueError, OverflowError, RuntimeError, NotImplementedError) as e:
+            # What the checks above cannot see (a str or bytes over 4 GiB inside a list, a
+            # tensor torch cannot copy out): still the caller's value, refused.
+            raise EncodeError(f"sample {position}, key {key!r}: {type(e).__name__}: {e}") from e
 
 
 class ValueDecoder:
@@ -179,6 +311,7 @@ class ValueDecoder:
 
     def __init__(self) -> None:
         self._decoder: msgspec.msgpack.Decoder[Any] = msgspec.msgpack.Decoder(ext_hook=_ext_hook)
+        self._sparse: msgspec.msgpack.Decoder[Any] = msgspec.msgpack.Decoder(ext_hook=_sparse_hook)
         # For zero-copy reads: MessagePack bin values as read-only views of the input.
         self._view = msgspec.msgpack.Decoder(memoryview)
         self._views = msgspec.msgpack.Decoder(list[memoryview])
@@ -207,6 +340,18 @@ class ValueDecoder:
                 except msgspec.ValidationError:
                     pass  # some are not bytes (or absent): decoded as usual
         values: list[Any] = self._decoder.decode(data)
+        return values
+
+    def decode_sparse(self, data: bytes | memoryview) -> Any:
+        """A sparse frame's MessagePack array of values, ABSENT where a sample has none;
+        CorruptError if an ABSENT marker is inside a value."""
+        before = _absent.absent
+        values = self._sparse.decode(data)
+        # ``is``, not ``list.count``: an array's ``==`` is elementwise.
+        if type(values) is list and _absent.absent - before != sum(
+            map(operator.is_, values, repeat(ABSENT))
+        ):
+            raise CorruptError("an absent marker inside a value")
         return values
 
 

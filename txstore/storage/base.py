@@ -61,6 +61,11 @@ class Storage(ABC):
         Only for objects never rewritten (chunks)."""
         return self.read_range(key, start, end)
 
+    def read_range_fresh(self, key: str, start: int, end: int) -> bytes:
+        """As ``read_range``, never answered from a map or handle kept from an earlier read:
+        for checks (verify) that must see a file replaced since this process read it."""
+        return self.read_range(key, start, end)
+
     @abstractmethod
     def write(self, key: str, data: Data) -> None:
         """Store ``data`` durably; readers see the old object or the whole new one."""

@@ -7,6 +7,7 @@ writers queue; it is an optimisation, never what correctness rests on.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import ctypes
 import hashlib
@@ -282,20 +283,80 @@ class LocalStorage(Storage):
     def exists(self, key: str) -> bool:
         return os.path.exists(self._path(key))
 
+    def read_range_fresh(self, key: str, start: int, end: int) -> bytes:
+        try:
+            fd = os.open(self._path(key), os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise NotFoundError(f"{self.root}/{key} does not exist") from None
+        except OSError as e:
+            raise StorageError(f"cannot read {self.root}/{key}: {e}") from e
+        try:
+            size = os.fstat(fd).st_size
+            start, end = min(start, size), min(end, size)
+            out = bytearray()
+            while len(out) < end - start:
+                piece = os.pread(fd, end - start - len(out), start + len(out))
+                if not piece:
+                    break
+                out += piece
+            return bytes(out)
+        except OSError as e:
+            raise StorageError(f"cannot read {self.root}/{key}: {e}") from e
+        finally:
+            os.close(fd)
+
     def list(self, prefix: str) -> Iterator[FileInfo]:
+        # Folders may be symlinks to folders elsewhere (chunks/ on another disk): followed,
+        # as reads follow them, so verify and vacuum see what reads see. A link into a tree
+        # listed already (the root's own, or one linked before) or around one is refused:
+        # its files would have two keys, and vacuum could delete one as garbage (a segment
+        # listed as chunks/x.json); a link to a folder above it would loop.
         folder = prefix.rpartition("/")[0]
-        base = self._path(folder) if folder else self.root
-        for dirpath, _dirs, files in os.walk(base):
-            rel = os.path.relpath(dirpath, self.root).replace(os.sep, "/")
-            for name in sorted(files):
-                key = name if rel == "." else f"{rel}/{name}"
+        start = self._path(folder) if folder else self.root
+        trees = [os.path.realpath(self.root)]
+        if folder and os.path.islink(start):
+            self._follow(start, trees)
+        stack = [(start, folder)]
+        while stack:
+            path, rel = stack.pop()
+            try:
+                with os.scandir(path) as it:
+                    entries = sorted(it, key=lambda e: e.name)
+            except OSError:  # gone meanwhile, or unreadable: nothing listed there
+                continue
+            folders = []
+            for entry in entries:
+                key = f"{rel}/{entry.name}" if rel else entry.name
+                try:
+                    is_dir, is_link = entry.is_dir(), entry.is_symlink()
+                except OSError:
+                    continue
+                if is_dir:
+                    if (key + "/").startswith(prefix) or prefix.startswith(key + "/"):
+                        if is_link:
+                            self._follow(entry.path, trees)
+                        folders.append((entry.path, key))
+                    continue
                 if not key.startswith(prefix):
                     continue
                 try:
-                    st = os.stat(os.path.join(dirpath, name))
-                except FileNotFoundError:
+                    st = entry.stat()  # follows a symlinked file
+                except OSError:  # gone meanwhile, a dangling or looping link
                     continue
                 yield FileInfo(key, st.st_size, st.st_mtime)
+            stack.extend(reversed(folders))
+
+    def _follow(self, link: str, trees: builtins.list[str]) -> None:
+        """Check that a symlinked folder leads to a tree of its own, and remember it."""
+        target = os.path.realpath(link)
+        for tree in trees:
+            if os.path.commonpath([target, tree]) in (target, tree):  # one holds the other
+                raise StorageError(
+                    f"cannot list {self.root}: {link} is a symlink to {target}, which "
+                    f"overlaps {tree}, listed already: its files would have two names (and "
+                    "vacuum could delete one as garbage). Link each folder to a place of its own"
+                )
+        trees.append(target)
 
     def delete(self, key: str) -> None:
         with self._maps_lock:
@@ -324,12 +385,10 @@ class LocalStorage(Storage):
             lock.release()
 
     def close(self) -> None:
+        # Drops the kept maps early. There is no __del__: the maps go with the object anyway,
+        # and a __del__ run at interpreter exit can find this module's globals gone already.
         with self._maps_lock:
             self._maps.clear()
-
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):
-            self.close()
 
 
 __all__ = ["TEMP_PREFIX", "LocalStorage"]

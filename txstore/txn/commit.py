@@ -134,7 +134,8 @@ def commit(
     for attempt in range(1, policy.max_attempts + 1):
         try:
             with log.storage.writer_lock():
-                parent = log.latest()
+                # strict: refuse to commit into a hole in the chain of versions
+                parent = log.latest(strict=True)
                 # After the latest is known: a doubtful write of ours that landed at or below
                 # it is visible now (versions are contiguous); one that lands later can only
                 # land at parent + 1, where our next write will meet it and read it back.

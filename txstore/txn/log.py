@@ -4,7 +4,8 @@ Finding the latest version reads HEAD, checks the version it names exists, then 
 forward (n+1, n+2, ...) until a probe misses: a constant number of small reads when HEAD is
 fresh. A missing, garbage or too-new HEAD falls back to a galloping search over versions
 (O(log n) probes), never a listing. Versions are contiguous from 0, because a writer only
-creates n+1 after it has read n.
+creates n+1 after it has read n, and manifests are never deleted: a version missing while
+the one after it exists is damage (a hole), and a writer must never commit into it.
 """
 
 from __future__ import annotations
@@ -52,12 +53,14 @@ class VersionLog:
 
     # -- manifests -------------------------------------------------------------------------
 
-    def read(self, version: int) -> Manifest:
-        """Version ``version``'s manifest (immutable, so cached)."""
-        with self._lock:
-            cached = self._cache.get(version)
-        if cached is not None:
-            return cached
+    def read(self, version: int, *, fresh: bool = False) -> Manifest:
+        """Version ``version``'s manifest (immutable, so cached; ``fresh`` reads storage,
+        for checks that must see damage done since it was cached)."""
+        if not fresh:
+            with self._lock:
+                cached = self._cache.get(version)
+            if cached is not None:
+                return cached
         key = manifest_key(version)
         try:
             data = self.storage.read(key)
@@ -93,14 +96,48 @@ class VersionLog:
     def _exists(self, version: int) -> bool:
         return self.storage.exists(manifest_key(version))
 
-    def latest_version(self) -> int:
+    def latest_version(self, *, strict: bool = False) -> int:
+        """The latest version. A hole (version n+1 missing while n+2 exists) hides the
+        versions past it: a writer (``strict``) gets ``CorruptError`` rather than commit into
+        it; a reader gets the versions past it.
+
+        The probe past the end costs one more request, so it is made where it matters: by
+        writers, always (a stale HEAD below a hole would have them commit there), and after a
+        galloping search (HEAD missing or wrong: already O(log n) probes). A reader with a
+        good HEAD starts at the latest, above any hole. Only holes of one version are seen
+        this way; ``verify`` lists ``versions/`` and finds every one.
+        """
         hint = self._head_hint()
-        if hint is None or not self._exists(hint):
-            hint = self._gallop()
-        version = hint
-        while self._exists(version + 1):
-            version += 1
-        return version
+        galloped = hint is None or not self._exists(hint)
+        version = self._gallop() if hint is None or galloped else hint
+        # The search ends on a miss at version + 1: no need to probe it again at once.
+        probe = not galloped
+        while True:
+            while probe and self._exists(version + 1):
+                version += 1
+            probe = True
+            if not (strict or galloped) or not self._exists(version + 2):
+                return version
+            # n+2 exists. Its writer read n+1 first, so n+1 absent now (after n+2 was seen)
+            # means it was deleted; present means racing writers made both meanwhile.
+            if self._exists(version + 1):
+                continue
+            missing = version + 1
+            if strict:
+                raise CorruptError(
+                    f"{self.storage.uri}/{manifest_key(missing)} is missing while version "
+                    f"{missing + 1} exists: the chain of versions is broken (manifests are "
+                    "never deleted). Nothing was committed; restore the file from a backup, "
+                    "and run `txstore verify`"
+                )
+            log.warning(
+                "%s: version %d is missing while version %d exists; reading past it "
+                "(run `txstore verify`)",
+                self.storage.uri,
+                missing,
+                missing + 1,
+            )
+            version = missing + 1
 
     def _gallop(self) -> int:
         """The highest existing version, by doubling probes then bisection."""
@@ -118,8 +155,8 @@ class VersionLog:
                 high = mid
         return low
 
-    def latest(self) -> Manifest:
-        return self.read(self.latest_version())
+    def latest(self, *, strict: bool = False) -> Manifest:
+        return self.read(self.latest_version(strict=strict))
 
     def advance_head(self, version: int) -> None:
         """Move HEAD forward to ``version`` (never back); best effort, as HEAD is a hint."""
@@ -160,7 +197,14 @@ class VersionLog:
         except NotFoundError:
             return None
         marker = fmt.decode(data, TxnMarker, f"{self.storage.uri}/{key}")
-        found = self.read(marker.version)
+        try:
+            found = self.read(marker.version)
+        except VersionNotFoundError:  # markers name committed versions only
+            raise CorruptError(
+                f"{self.storage.uri}/{key} says version {marker.version} committed "
+                f"transaction {txn_id!r}, but that version is missing: the chain of versions "
+                "is broken (run `txstore verify`)"
+            ) from None
         if found.txn_id != txn_id or found.commit_id != marker.commit_id:
             raise CorruptError(
                 f"{self.storage.uri}/{key} names version {marker.version}, "

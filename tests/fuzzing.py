@@ -584,6 +584,17 @@ KNOWN: list[tuple[str, str, str | int, tuple[Any, ...] | None, Any, dict[str, An
     ("chunk", "frame-value", 0, None, None, {"frame_value": "torch float99"}),
     ("chunk", "frame-value", 0, None, None, {"frame_value": "ABSENT in a dense frame"}),
     ("fields", "relocate", 0, None, None, {"place": "refs/leases/"}),
+    # A byte of a field file's frame changed and its checksum made valid again: the frame's
+    # values no longer decode (verify(deep=True) must find what reads find).
+    (
+        "fields",
+        "frame-flip",
+        "chunks/338452c4b46048eaa98d2c9619e9ae0d.fields",
+        None,
+        None,
+        {"node": 1, "pos": 4, "byte": 34, "reseal": True},
+    ),
+    ("txn", "flip", 0, None, None, {"pos": 121, "byte": 203}),  # invalid UTF-8 in commit_id
     ("tag", "set", 0, ("timestamp",), 1e20, {}),
     ("tag", "set", 0, ("name",), "other/../x", {}),
     ("lease", "set", 0, ("expires_at",), 1e20, {}),
@@ -614,7 +625,7 @@ def known_mutation(template: Template, number: int) -> Mutation:
         latest = json.loads((template.path / "versions/index.v5.json").read_bytes())
         file = latest["segments"][-1]["path"]
     index = keys.index(file) if isinstance(file, str) else file
-    node = 0
+    node = extra.get("node", 0)
     if path is not None:
         if kind == "staged":  # a part as StagedPart.to_json writes it: fields in order
             doc: Any = {"staging_id": "", "chunks": [{"path": "", "num_samples": 0}]}
@@ -634,8 +645,8 @@ def known_mutation(template: Template, number: int) -> Mutation:
         node=node,
         value=value,
         reseal=extra.get("reseal", False),
-        pos=0,
-        byte=1,
+        pos=extra.get("pos", 0),
+        byte=extra.get("byte", 1),
         place=extra.get("place", ""),
         frame_value=names.index(extra.get("frame_value", names[0])),
         typed=False,

@@ -595,6 +595,7 @@ KNOWN: list[tuple[str, str, str | int, tuple[Any, ...] | None, Any, dict[str, An
         {"node": 1, "pos": 4, "byte": 34, "reseal": True},
     ),
     ("txn", "flip", 0, None, None, {"pos": 121, "byte": 203}),  # invalid UTF-8 in commit_id
+    ("manifest", "flip", "versions/index.v4.json", None, None, {"pos": 142, "byte": 142}),
     ("tag", "set", 0, ("timestamp",), 1e20, {}),
     ("tag", "set", 0, ("name",), "other/../x", {}),
     ("lease", "set", 0, ("expires_at",), 1e20, {}),

@@ -133,6 +133,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=6,
         help="samples per append in tests/test_powerloss.py (default 6; hundreds by hand)",
     )
+    parser.addoption(
+        "--fuzz-examples",
+        type=int,
+        default=12,
+        help="examples per kind of document in tests/test_fuzz.py (default 12; 2000 by hand)",
+    )
+    parser.addoption(
+        "--fuzz-seed", type=int, default=None, help="random fuzz examples from this seed"
+    )
 
 
 def _ministack_venv() -> Path:

@@ -19,7 +19,7 @@ from typing import Literal
 
 from .errors import CorruptError, NotFoundError, StoreNotFoundError, TxstoreError
 from .format import manifest as fmt
-from .format.chunk import check_file, parse_footer
+from .format.chunk import check_file, check_offset_tables, parse_footer
 from .format.codec import crc32
 from .format.manifest import LeaseRecord, Retention, Tag, TxnMarker
 from .maintenance import (
@@ -91,13 +91,16 @@ def _check_tail(storage: Storage, f: DataFile, size: int) -> str:
     return ""
 
 
-def _check_contents(storage: Storage, f: DataFile, size: int, digest: str | None) -> str:
-    """What is wrong with any byte of one data file, or "" (``check_file``)."""
+def _check_contents(
+    storage: Storage, f: DataFile, size: int, digest: str | None, tables: bool
+) -> str:
+    """What is wrong with any byte of one data file, or "" (``check_file``); with ``tables``
+    also its frames' offset tables, which only a reader of single samples uses."""
     if size != f.size:
         return f"is {size} bytes, its segment says {f.size}"
     data = storage.read_buffer(f.path)
     try:
-        check_file(
+        layout = check_file(
             data,
             size=f.size,
             footer_offset=f.footer_offset,
@@ -105,6 +108,8 @@ def _check_contents(storage: Storage, f: DataFile, size: int, digest: str | None
             digest=digest,
             where="the file",
         )
+        if tables:
+            check_offset_tables(data, layout)
     except CorruptError as e:
         return str(e).removeprefix("the file ")
     return ""
@@ -189,7 +194,7 @@ def verify(
             if quick:
                 message = _check_tail(storage, f, info.size)
             else:
-                message = _check_contents(storage, f, info.size, digests.get(f.path))
+                message = _check_contents(storage, f, info.size, digests.get(f.path), deep)
         except NotFoundError:
             message = "is missing"
         except TxstoreError as e:

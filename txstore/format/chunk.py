@@ -209,6 +209,93 @@ def check_file(
     return layout
 
 
+# MessagePack: the bytes a value takes after its type byte, by type byte, and how many
+# values it holds (arrays, maps); sizes read from the following bytes are added to it.
+_FIXED = {0xC0: 0, 0xC2: 0, 0xC3: 0, 0xCA: 4, 0xCB: 8, 0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8}
+_FIXED |= {0xD0: 1, 0xD1: 2, 0xD2: 4, 0xD3: 8, 0xD4: 2, 0xD5: 3, 0xD6: 5, 0xD7: 9, 0xD8: 17}
+_SIZED = {0xC4: 1, 0xC5: 2, 0xC6: 4, 0xD9: 1, 0xDA: 2, 0xDB: 4}  # bin, str: length bytes
+_EXT = {0xC7: 1, 0xC8: 2, 0xC9: 4}  # ext: length bytes, then a type byte
+_CONTAINER = {0xDC: (2, 1), 0xDD: (4, 1), 0xDE: (2, 2), 0xDF: (4, 2)}  # (length bytes, per item)
+_UINT = {1: struct.Struct(">B"), 2: struct.Struct(">H"), 4: struct.Struct(">I")}
+
+
+def _skip(raw: memoryview, pos: int) -> int:
+    """Where the MessagePack value at ``pos`` ends (ValueError if it runs past ``raw``)."""
+    pending = 1
+    while pending:
+        pending -= 1
+        t = raw[pos]
+        pos += 1
+        if t <= 0x7F or t >= 0xE0:
+            continue
+        if t <= 0x8F:
+            pending += 2 * (t & 0x0F)
+        elif t <= 0x9F:
+            pending += t & 0x0F
+        elif t <= 0xBF:
+            pos += t & 0x1F
+        elif t in _FIXED:
+            pos += _FIXED[t]
+        elif t in _SIZED:
+            width = _SIZED[t]
+            pos += width + _UINT[width].unpack_from(raw, pos)[0]
+        elif t in _EXT:
+            width = _EXT[t]
+            pos += width + 1 + _UINT[width].unpack_from(raw, pos)[0]
+        elif t in _CONTAINER:
+            width, per = _CONTAINER[t]
+            pending += per * _UINT[width].unpack_from(raw, pos)[0]
+            pos += width
+        else:
+            raise ValueError(f"byte {t:#x} starts no MessagePack value")
+        if pos > len(raw):
+            raise ValueError("a value runs past the frame")
+    return pos
+
+
+def offset_table_error(raw: memoryview, n: int) -> str:
+    """What is wrong with a raw frame's table of value offsets, or "": each must be where its
+    value starts in the frame's array. Readers of whole blocks never look at the table; a
+    reader of one sample uses nothing else, so a wrong table would give it another value."""
+    table = len(raw) - 4 * n
+    if table < 1:
+        return "too short for its offset table"
+    try:
+        head = raw[0]
+        if 0x90 <= head <= 0x9F:
+            count, pos = head & 0x0F, 1
+        elif head in (0xDC, 0xDD):
+            width = _CONTAINER[head][0]
+            count, pos = _UINT[width].unpack_from(raw, 1)[0], 1 + width
+        else:
+            return "does not hold an array of values"
+        if count != n:
+            return f"holds {count} values, its block {n}"
+        offsets = struct.unpack_from(f"<{n}I", raw, table)
+        for k, offset in enumerate(offsets):
+            if offset != pos:
+                return f"gives value {k} at {offset}, it is at {pos}"
+            pos = _skip(raw[:table], pos)
+    except (ValueError, IndexError, struct.error) as e:
+        return f"does not parse: {e}"
+    if pos != table:
+        return f"has {table - pos} bytes between its values and its offset table"
+    return ""
+
+
+def check_offset_tables(data: bytes | memoryview, layout: ChunkLayout) -> None:
+    """Every frame's offset table of a whole file, as ``offset_table_error``: CorruptError."""
+    blocks = layout.footer.blocks
+    for block in blocks:
+        for frame in block.frames:
+            raw = _frame_raw(data, 0, frame, layout)
+            why = offset_table_error(raw, block.num_samples)
+            if why:
+                raise CorruptError(
+                    f"{layout.where}: the frame at {frame.offset} {why} (its offset table)"
+                )
+
+
 class Ranges:
     """Some byte ranges of a file, read for a projection: enough to decode the frames asked for."""
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from bisect import bisect_right
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -115,11 +115,6 @@ def with_expired(retention: Retention, versions: Sequence[int], now: float) -> R
                 continue
         merged.append(r)
     return Retention(expired=tuple(merged))
-
-
-def expired_versions(retention: Retention) -> Iterable[int]:
-    for r in retention.expired:
-        yield from range(r.first, r.last + 1)
 
 
 # -- reading and writing refs ----------------------------------------------------------------

@@ -1358,6 +1358,17 @@ def _run_api(
     cli(run, ["verify"], "cli verify at the end")
     after_vacuum(run, readable & never_expire, "cli vacuum", always & never_expire)
 
+    # The commands that write new versions or refs, on whatever the damage left.
+    for args in (
+        ["tag", "fz-tag"],
+        ["compact", "--yes"],
+        ["rollback", "2", "--yes"],
+        ["untag", "fz-tag", "--yes"],
+    ):
+        cli(run, args, f"cli {args[0]}")
+        run.check_protected(f"cli {args[0]}")
+    after_vacuum(run, readable & never_expire, "cli writes", always & never_expire)
+
 
 def check_cli_verify(
     run: Run, codes: dict[bool, int | None], plain_ok: bool, deep_ok: bool

@@ -9,6 +9,7 @@ import json
 import os
 import pty
 import re
+import select
 import subprocess
 import sys
 import textwrap
@@ -225,7 +226,16 @@ def test_progress_rewrites_a_line_only_on_a_terminal() -> None:
             for _ in range(3):
                 line.update()
             line.close()
-        text = os.read(leader, 65536).decode()
+        # A pty hands over what was written in pieces: read until nothing more comes.
+        chunks = []
+        while select.select([leader], [], [], 1.0)[0]:
+            piece = os.read(leader, 65536)
+            if not piece:
+                break
+            chunks.append(piece)
+            if b"3/3 samples" in b"".join(chunks) and b"\n" in chunks[-1]:
+                break
+        text = b"".join(chunks).decode()
     finally:
         os.close(leader)
         os.close(follower)

@@ -199,6 +199,15 @@ class LocalStorage(Storage):
         finally:
             os.close(fd)
 
+    def _open(self, key: str) -> int:
+        """A read-only descriptor of the object's file (txstore errors for a missing one)."""
+        try:
+            return os.open(self._path(key), os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise NotFoundError(f"{self.root}/{key} does not exist") from None
+        except OSError as e:
+            raise StorageError(f"cannot read {self.root}/{key}: {e}") from e
+
     def _map(self, key: str) -> mmap.mmap | None:
         """The file mapped read-only; None when it is empty (which cannot be mapped)."""
         # A map costs page-table entries where ``read`` would zero and fill fresh memory
@@ -208,12 +217,7 @@ class LocalStorage(Storage):
         # to 5 ms to get it back from the busy decoding thread. open() and a size check made
         # eight syscalls (fstat three times, ioctl, lseek), this makes four (W2 reads, default:
         # about 92,000 -> 99,000 samples/s).
-        try:
-            fd = os.open(self._path(key), os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            raise NotFoundError(f"{self.root}/{key} does not exist") from None
-        except OSError as e:
-            raise StorageError(f"cannot read {self.root}/{key}: {e}") from e
+        fd = self._open(key)
         try:
             return mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
         except ValueError:  # an empty file, which cannot be mapped
@@ -284,12 +288,7 @@ class LocalStorage(Storage):
         return os.path.exists(self._path(key))
 
     def read_range_fresh(self, key: str, start: int, end: int) -> bytes:
-        try:
-            fd = os.open(self._path(key), os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            raise NotFoundError(f"{self.root}/{key} does not exist") from None
-        except OSError as e:
-            raise StorageError(f"cannot read {self.root}/{key}: {e}") from e
+        fd = self._open(key)
         try:
             size = os.fstat(fd).st_size
             start, end = min(start, size), min(end, size)

@@ -221,7 +221,6 @@ def add_once(
 ) -> AddRun:
     """add_fields on a fresh copy of ``base`` (the copy is not timed, nor profiled)."""
     import txstore
-    from txstore.store.fields import add_fields
 
     run_dir = Path(tempfile.mkdtemp(prefix=f"fields-add{workers}-", dir=workdir))
     try:
@@ -235,7 +234,7 @@ def add_once(
         start = time.perf_counter()
         if profiler is not None:
             profiler.enable()
-        commit = add_fields(store, latent_of, [NEW_FIELD], num_workers=workers)
+        commit = store.add_fields(latent_of, [NEW_FIELD], num_workers=workers)
         if profiler is not None:
             profiler.disable()
         wall = time.perf_counter() - start
@@ -393,13 +392,13 @@ def counted_read(path: Path, case: ReadCase, reader: str, workdir: Path) -> tupl
 def stored_column_bytes(path: Path, version: int) -> dict[str, int]:
     """Bytes of each visible column's frames in the version's files (what a projection needs)."""
     import txstore
-    from txstore.store.snapshot import sources
+    from txstore.format.manifest import chunk_files
 
     store = txstore.open(str(path))
-    reader = store.snapshot(version)._reader
+    reader = store.snapshot(version).reader
     sums: dict[str, int] = {}
     for chunk in store.snapshot(version).chunks():
-        for src in sources(chunk):
+        for src in chunk_files(chunk):
             layout = reader.layout(src, version)
             for block in layout.footer.blocks:
                 for frame in block.frames:
@@ -681,10 +680,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run_reads(base: Path, args: argparse.Namespace, report: dict[str, Any], count: int) -> None:
     import txstore
-    from txstore.store.fields import add_fields
 
     print("\nreads: version 1 = the five fields; version 2 = add_fields(latent) on it (2 workers)")
-    add_fields(txstore.open(str(base)), latent_of, [NEW_FIELD], num_workers=2)
+    txstore.open(str(base)).add_fields(latent_of, [NEW_FIELD], num_workers=2)
     reads = measure_reads(base, args.workdir, args.repeat, count)
     report["reads"] = [asdict(r) for r in reads]
     verdicts = print_read_table(reads)

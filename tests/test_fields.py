@@ -11,7 +11,6 @@ import pytest
 import txstore
 from txstore.errors import ConflictError
 from txstore.storage import Storage, open_storage
-from txstore.store.fields import add_fields, drop_fields
 from txstore.torch import StreamingDataLoader, StreamingDataset
 
 from .conftest import Backend
@@ -54,7 +53,7 @@ def test_add_fields_without_rewriting_chunks(backend: Backend) -> None:
     store = _store(backend)
     raw = open_storage(backend.uri, backend.storage_options)
     before = _files(raw)
-    commit = add_fields(store, _latent, ["latent_256"], message="VAE-256 latents")
+    commit = store.add_fields(_latent, ["latent_256"], message="VAE-256 latents")
     assert commit.version == 2 and commit.operation == "add_fields"
     assert commit.total_samples == 600
     after = _files(raw)
@@ -76,7 +75,7 @@ def test_projection_reads_only_the_fields_asked_for(tmp_path: Path) -> None:
         {"a": bytes(1000), "b": bytes(1000), "c": bytes(1000), "d": bytes(1000), "id": i}
         for i in range(2000)
     )
-    add_fields(store, lambda s: {"e": bytes(1000)}, ["e"])
+    store.add_fields(lambda s: {"e": bytes(1000)}, ["e"])
     counter = CountingStorage(open_storage(str(tmp_path / "s")))
     snap = txstore.open(counter).snapshot()
     total = sum(c.size + sum(f.size for f in c.field_files) for c in snap.chunks())
@@ -91,9 +90,9 @@ def test_projection_reads_only_the_fields_asked_for(tmp_path: Path) -> None:
 
 def test_drop_fields(backend: Backend) -> None:
     store = _store(backend)
-    add_fields(store, _latent, ["latent_256"])
-    add_fields(store, lambda s: {"latent_512": s["id"] * 2}, ["latent_512"])
-    drop_fields(store, ["latent_256", "caption"], message="drop")
+    store.add_fields(_latent, ["latent_256"])
+    store.add_fields(lambda s: {"latent_512": s["id"] * 2}, ["latent_512"])
+    store.drop_fields(["latent_256", "caption"], message="drop")
     snap = store.snapshot()
     assert set(snap[5]) == {"id", "image", "latent_512"}
     assert snap[5]["latent_512"] == 10
@@ -107,8 +106,8 @@ def test_drop_fields(backend: Backend) -> None:
 def test_field_added_twice_and_samples_with_different_keys(backend: Backend) -> None:
     store = txstore.create(backend.uri, chunk_bytes=4096, block_bytes=512, **backend.kwargs())
     store.append(({"id": i, "text": "x"} if i % 3 else {"id": i}) for i in range(400))
-    add_fields(store, lambda s: {"len": len(s.get("text", ""))} if s["id"] % 2 else {}, ["len"])
-    add_fields(store, lambda s: {"len": -s["id"]}, ["len"])  # again: replaces the first
+    store.add_fields(lambda s: {"len": len(s.get("text", ""))} if s["id"] % 2 else {}, ["len"])
+    store.add_fields(lambda s: {"len": -s["id"]}, ["len"])  # again: replaces the first
     snap = store.snapshot()
     for i, sample in enumerate(snap):
         assert sample["len"] == -i
@@ -123,7 +122,7 @@ def test_a_field_left_out_is_absent_in_blocks_of_one_sample(backend: Backend) ->
     decoded: a sample the function gave no value lacks the key, in copies and in views."""
     store = txstore.create(backend.uri, block_bytes=1, **backend.kwargs())
     store.append({"id": i, "jpeg": bytes([i]) * 300} for i in range(12))
-    add_fields(store, lambda s: {"thumb": b"t%d" % s["id"]} if s["id"] % 3 else {}, ["thumb"])
+    store.add_fields(lambda s: {"thumb": b"t%d" % s["id"]} if s["id"] % 3 else {}, ["thumb"])
     expected = [
         {"id": i, "jpeg": bytes([i]) * 300, **({"thumb": b"t%d" % i} if i % 3 else {})}
         for i in range(12)
@@ -143,9 +142,9 @@ def test_batched_with_worker_processes(backend: Backend) -> None:
 
     if backend.name == "memory":
         with pytest.raises(ValueError, match="one process"):
-            add_fields(store, double, ["twice"], batched=True, num_workers=2)
+            store.add_fields(double, ["twice"], batched=True, num_workers=2)
         return
-    add_fields(store, double, ["twice"], batched=True, num_workers=2)
+    store.add_fields(double, ["twice"], batched=True, num_workers=2)
     assert [s["twice"] for s in store.snapshot()] == [2 * i for i in range(600)]
 
 
@@ -159,7 +158,7 @@ def test_appends_during_add_fields_get_the_field(tmp_path: Path) -> None:
             appended.append(racer.append({"id": 600 + i, "caption": "late"} for i in range(50)))
         return {"latent_256": sample["id"]}
 
-    commit = add_fields(store, latent, ["latent_256"])
+    commit = store.add_fields(latent, ["latent_256"])
     assert appended[0].version == 2 and commit.version == 3
     snap = store.snapshot()
     assert len(snap) == 650
@@ -173,11 +172,11 @@ def test_other_changes_during_add_fields_conflict(tmp_path: Path) -> None:
 
     def latent(sample: dict[str, Any]) -> dict[str, Any]:
         if not raced:
-            raced.append(drop_fields(racer, ["caption"]))
+            raced.append(racer.drop_fields(["caption"]))
         return {"latent_256": sample["id"]}
 
     with pytest.raises(ConflictError, match="more than appends"):
-        add_fields(store, latent, ["latent_256"])
+        store.add_fields(latent, ["latent_256"])
     assert store.version == 2 and "latent_256" not in store.snapshot()[0]
 
 
@@ -190,15 +189,15 @@ def test_failing_function_commits_nothing(backend: Backend) -> None:
         return {"x": 1}
 
     with pytest.raises(RuntimeError, match="model crashed"):
-        add_fields(store, broken, ["x"])
+        store.add_fields(broken, ["x"])
     with pytest.raises(txstore.EncodeError, match="not asked for"):
-        add_fields(store, lambda s: {"y": 1}, ["x"])
+        store.add_fields(lambda s: {"y": 1}, ["x"])
     assert store.version == 1
 
 
 def test_streaming_dataset_reads_added_fields(tmp_path: Path) -> None:
     store = _store(Backend("local", str(tmp_path / "s")))
-    add_fields(store, _latent, ["latent_256"])
+    store.add_fields(_latent, ["latent_256"])
     ds = StreamingDataset(store.snapshot(), fields=["caption", "latent_256"], shuffle=True)
     batches = list(StreamingDataLoader(ds, batch_size=50, num_workers=2))
     ids = sorted(int(v) for b in batches for v in b["latent_256"][:, 0, 0])

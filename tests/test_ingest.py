@@ -14,7 +14,7 @@ import pytest
 import txstore
 from txstore.errors import ConflictError, StoreExistsError
 from txstore.store.ingest import InputError, optimize
-from txstore.store.staging import StagedPart, Transaction, TransactionHandle
+from txstore.store.staging import StagedPart, TransactionHandle
 
 from .conftest import Backend
 from .helpers import REPO
@@ -132,7 +132,7 @@ sys.stdout.write(w.finish().to_json().decode())
 def test_transaction_from_several_processes(shared_backend: Backend) -> None:
     store = txstore.create(shared_backend.uri, chunk_bytes=4096, **shared_backend.kwargs())
     store.append({"id": -1 - i} for i in range(10))
-    with Transaction(store, message="crawl 2026-11-29") as txn:
+    with store.transaction(message="crawl 2026-11-29") as txn:
         handle = txn.handle.to_json().decode()
         procs = [
             subprocess.Popen(
@@ -157,21 +157,21 @@ def test_transaction_from_several_processes(shared_backend: Backend) -> None:
 
 def test_abandoned_transaction_commits_nothing(tmp_path: Path) -> None:
     store = txstore.create(str(tmp_path / "s"))
-    with pytest.raises(RuntimeError), Transaction(store) as txn:
+    with pytest.raises(RuntimeError), store.transaction() as txn:
         txn.write({"id": i} for i in range(100))
         raise RuntimeError("job killed")
     assert store.version == 0
     assert list(store.storage.list("chunks/")) == []
     # A part from another transaction is refused.
-    other = Transaction(store)
-    part = Transaction(store).write([{"id": 1}])
+    other = store.transaction()
+    part = store.transaction().write([{"id": 1}])
     with pytest.raises(txstore.TxstoreError, match="another transaction"):
         other.add(part)
 
 
 def test_handle_round_trips_as_json(tmp_path: Path) -> None:
     store = txstore.create(str(tmp_path / "s"), chunk_bytes="1MB")
-    handle = Transaction(store).handle
+    handle = store.transaction().handle
     assert TransactionHandle.from_json(handle.to_json()) == handle
     assert handle.config.chunk_bytes == 1_000_000
 

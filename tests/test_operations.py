@@ -416,14 +416,13 @@ def test_verify_checks_refs_and_markers(backend: Backend) -> None:
 
 
 def test_diff_across_compaction_and_overwrite(tmp_path: Any) -> None:
-    from txstore.store.staging import Transaction
 
     store = make(Backend("local", str(tmp_path / "store")), appends=3)
     store.compact()  # version 4: same samples
     assert store.diff(3, 4).num_added == 0 and store.diff(1, 4).num_added == 20
-    txn = Transaction(store, message="replace everything")
+    txn = store.transaction(message="replace everything")
     txn.write(batch(9, 5))
-    txn.commit(replace=True, operation="overwrite")  # version 5
+    txn.commit(replace=True)  # version 5
     d = store.diff(3, 5)
     assert [(r.start, r.stop, r.version) for r in d.removed] == [
         (0, 10, 1),
@@ -436,9 +435,9 @@ def test_diff_across_compaction_and_overwrite(tmp_path: Any) -> None:
 
         def samples() -> Iterator[dict[str, Any]]:
             yield from batch(10, 2)
-            t = Transaction(other)
+            t = other.transaction()
             t.write(batch(11, 1))
-            t.commit(replace=True, operation="overwrite")
+            t.commit(replace=True)
 
         store.append(samples())
 

@@ -330,12 +330,11 @@ def test_a_field_only_later_chunks_have_is_known(tmp_path: Path) -> None:
 
 
 def test_added_and_dropped_fields(tmp_path: Path) -> None:
-    from txstore.store.fields import add_fields, drop_fields
 
     store = _small_store(str(tmp_path / "s"))
-    add_fields(store, lambda s: {"latent_512": s["id"]}, ["latent_512"])
+    store.add_fields(lambda s: {"latent_512": s["id"]}, ["latent_512"])
     assert store.snapshot().select(["latent_512"])[7] == {"latent_512": 7}
-    drop_fields(store, ["latent_512", "caption"])
+    store.drop_fields(["latent_512", "caption"])
     snap = store.snapshot()
     for gone in ("latent_512", "caption"):
         with pytest.raises(txstore.FieldNotFoundError, match=rf"'{gone}'"):

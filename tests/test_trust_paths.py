@@ -216,7 +216,7 @@ def test_staged_part_naming_a_metadata_folder_is_refused(backend: Backend, path:
     before = samples(store)
     lease = store.lease(ttl="3650d")  # not lapsed: vacuum keeps it
     try:
-        txn = Transaction(store, message="forged")
+        txn = store.transaction(message="forged")
         good = foreign_part(txn)
         bad = with_chunk(good, path=path)
         storage.write(path, storage.read(good.chunks[0].path))  # the file itself is genuine
@@ -251,7 +251,7 @@ def test_staged_part_naming_a_file_outside_the_root_is_refused(tmp_path: Path) -
     store = make(backend)
     before = samples(store)
     other = txstore.open(backend.uri)
-    txn = Transaction(store, txn_id="job-7")
+    txn = store.transaction(txn_id="job-7")
     good = foreign_part(txn)
     bad = with_chunk(good, path="../victim.txt", size=victim.stat().st_size, footer_offset=0)
     with pytest.raises(CorruptError, match=r"unsafe path '\.\./victim\.txt'"):
@@ -312,7 +312,7 @@ def test_staged_part_not_as_it_says_is_refused(backend: Backend, damage: Any, me
     store = make(backend)
     storage = raw(backend)
     before = samples(store)
-    txn = Transaction(store)
+    txn = store.transaction()
     bad = damage(storage, foreign_part(txn))
     bad = StagedPart.from_json(bad.to_json())  # consistent in itself: only its files tell
     with pytest.raises(CorruptError, match=message):
@@ -352,7 +352,7 @@ def test_staged_part_not_as_it_says_is_refused(backend: Backend, damage: Any, me
 )
 def test_staged_part_json_is_checked(backend: Backend, change: Any, message: str) -> None:
     store = make(backend)
-    txn = Transaction(store)
+    txn = store.transaction()
     doc = json.loads(foreign_part(txn).to_json())
     change(doc)
     with pytest.raises(CorruptError, match=message):
@@ -378,7 +378,7 @@ def test_good_part_from_another_process_commits_beside_a_refused_one(tmp_path: P
     backend = Backend("local", str(tmp_path / "store"))
     store = make(backend)
     before = samples(store)
-    with Transaction(store) as txn:
+    with store.transaction() as txn:
         out = subprocess.run(
             [sys.executable, "-c", WRITER, txn.handle.to_json().decode()],
             capture_output=True,
@@ -399,8 +399,8 @@ def test_good_part_from_another_process_commits_beside_a_refused_one(tmp_path: P
 
 def test_a_part_of_another_transaction_is_corrupt(backend: Backend) -> None:
     store = make(backend)
-    part = foreign_part(Transaction(store))
-    txn = Transaction(store)
+    part = foreign_part(store.transaction())
+    txn = store.transaction()
     with pytest.raises(CorruptError, match="written for another transaction"):
         txn.add(part)
 
@@ -413,7 +413,7 @@ def test_aborting_a_part_that_names_committed_chunks_deletes_none_of_them(
     store = make(backend)
     before = samples(store)
     committed = store.snapshot().chunks()[0]
-    txn = Transaction(store)
+    txn = store.transaction()
     stolen = StagedPart(
         staging_id=txn.handle.staging_id, chunks=(committed,), num_samples=committed.num_samples
     )

@@ -15,11 +15,10 @@ import sys
 import textwrap
 from collections.abc import Callable, Sequence
 
-from .. import __version__
-from .. import open as open_store
 from ..errors import ConflictError, CorruptError, TxstoreError
 from ..format.units import parse_duration
 from ..storage import open_storage
+from ..store import open as open_store
 from ..store.core import Store
 from ..store.refs import check_tag_name
 from .output import (
@@ -60,8 +59,8 @@ _DURATION = _argument(parse_duration)
 def _version() -> str:
     try:
         return importlib.metadata.version("txstore")
-    except importlib.metadata.PackageNotFoundError:  # run from a source tree, not installed
-        return __version__
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (run from a source tree, not installed)"
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -9,6 +9,7 @@ its data folder.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
@@ -87,6 +88,12 @@ def check_chunk_paths(chunk: ChunkRef, where: str) -> None:
         check_data_path(extra.path, CHUNKS, where)
 
 
+#: A new store's settings unless its creator says otherwise (``create``, ``optimize``).
+DEFAULT_CHUNK_BYTES = 64 * 2**20
+DEFAULT_BLOCK_BYTES = 64 * 2**10
+DEFAULT_COMPRESSION_LEVEL = 3
+
+
 class StoreConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=False):
     chunk_bytes: Size
     block_bytes: Size
@@ -136,6 +143,51 @@ class ChunkRef(msgspec.Struct, frozen=True, kw_only=True):
 
     def __post_init__(self) -> None:
         _check_offset(self.footer_offset, self.size)
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkFile:
+    """One file holding columns of a chunk: the chunk file itself or one of its field files,
+    with what the manifest says about it."""
+
+    path: str
+    size: int
+    crc32: int
+    footer_offset: int
+    hidden: frozenset[str]
+    digest: str | None = None  # of the bytes before the footer (chunk files, format 1.2)
+    #: The chunk's samples, as its segment says (every file of a chunk holds them all).
+    num_samples: int = -1
+
+
+def base_file(chunk: ChunkRef) -> ChunkFile:
+    """The chunk file of ``chunk``."""
+    return ChunkFile(
+        chunk.path,
+        chunk.size,
+        chunk.crc32,
+        chunk.footer_offset,
+        frozenset(chunk.hidden),
+        chunk.digest,
+        chunk.num_samples,
+    )
+
+
+def chunk_files(chunk: ChunkRef) -> list[ChunkFile]:
+    """The chunk file, then its field files (format 1.1)."""
+    files = [base_file(chunk)]
+    for f in chunk.field_files:
+        files.append(
+            ChunkFile(
+                f.path,
+                f.size,
+                f.crc32,
+                f.footer_offset,
+                frozenset(f.hidden),
+                num_samples=chunk.num_samples,
+            )
+        )
+    return files
 
 
 class SegmentRef(msgspec.Struct, frozen=True, kw_only=True):
@@ -240,6 +292,12 @@ class _Envelope(msgspec.Struct, forbid_unknown_fields=False):
 
 _encoder = msgspec.json.Encoder()
 D = TypeVar("D", bound=_Document)
+S = TypeVar("S", bound=msgspec.Struct)
+
+
+def replace(struct: S, **changes: Any) -> S:
+    """A copy of a frozen struct with ``changes``."""
+    return msgspec.structs.replace(struct, **changes)
 
 
 def encode(doc: _Document) -> bytes:

@@ -18,10 +18,8 @@ from ray.data import Datasink, Datasource, ReadTask
 from ray.data._internal.delegating_block_builder import DelegatingBlockBuilder
 from ray.data.block import Block, BlockAccessor, BlockMetadata
 
-from ..errors import StoreNotFoundError
 from ..storage import open_storage
-from ..store.core import Commit, create
-from ..store.core import open as open_store
+from ..store.core import Commit, open_or_create
 from ..store.snapshot import ChunkReader, Snapshot
 from ..store.staging import StagedPart, StagedWriter, Transaction, TransactionHandle
 
@@ -53,11 +51,8 @@ class TxstoreDatasink(Datasink[str]):
         txn_id: str | None = None,
         **create_settings: Any,
     ) -> None:
-        try:
-            store = open_store(uri, storage_options=storage_options)
-        except StoreNotFoundError:
-            store = create(uri, storage_options=storage_options, **create_settings)
-        self._txn: Transaction | None = Transaction(store, message=message, txn_id=txn_id)
+        store = open_or_create(uri, storage_options=storage_options, **create_settings)
+        self._txn: Transaction | None = store.transaction(message=message, txn_id=txn_id)
         self._handle = self._txn.handle.to_json()
         self.result: Commit | None = None
 
@@ -101,7 +96,7 @@ class TxstoreDatasource(Datasource):
         if not chunks:
             return []
         groups = max(1, min(parallelism, len(chunks)))
-        storage = self._snapshot._storage
+        storage = self._snapshot.storage
         uri, options = storage.uri, dict(storage.storage_options)
         version, fields = self._snapshot.version, self._snapshot.fields
         tasks = []

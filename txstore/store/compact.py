@@ -6,25 +6,25 @@ re-encodes their samples with the store's settings, and commits a version (opera
 "compact", ``source_version`` the version it read) whose chunk list is the old one with each
 run replaced. Appends committed meanwhile are kept: appends only add chunks at the end, so the
 new list is the compacted one plus the parent's chunks after those compaction read. Anything
-else committed meanwhile (a rollback, another compaction) is a ConflictError, and nothing is
-committed.
+else committed meanwhile (a rollback, another compaction) is a ``HistoryChangedError``, and
+nothing is committed.
 """
 
 from __future__ import annotations
 
 import math
-import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-from ..errors import ConflictError, CorruptError
-from ..format.manifest import ChunkRef, Manifest, SegmentRef
-from ..txn import CommitResult, RetryPolicy, VersionLog, commit
+from ..errors import ConflictError, CorruptError, HistoryChangedError
+from ..format.manifest import ChunkRef, Manifest, SegmentRef, chunk_files
+from ..txn import CommitResult
+from ..txn.rules import Rebase
+from .context import StoreContext
 from .history import Commit
-from .maintenance import Progress, data_files, no_progress
-from .segments import MAX_SEGMENT_CHUNKS, Segments
-from .snapshot import ChunkReader, Sample, Snapshot
+from .maintenance import Progress, no_progress
+from .snapshot import Sample, Snapshot
 from .writer import ChunkWriter
 
 #: A chunk this close to ``chunk_bytes`` counts as full and is left alone.
@@ -48,7 +48,7 @@ class Run:
 
 
 def _size(chunk: ChunkRef) -> int:
-    return sum(f.size for f in data_files(chunk))
+    return sum(f.size for f in chunk_files(chunk))
 
 
 def plan(chunks: Sequence[ChunkRef], chunk_bytes: int) -> list[Run]:
@@ -101,29 +101,20 @@ def _counted(
             progress("compacting", done[0], total)
 
 
-def _pieces(chunks: Sequence[ChunkRef]) -> list[list[ChunkRef]]:
-    return [
-        list(chunks[i : i + MAX_SEGMENT_CHUNKS]) for i in range(0, len(chunks), MAX_SEGMENT_CHUNKS)
-    ]
-
-
 class Compaction:
     """One compaction of the latest version: plan, rewrite, commit (rebasing over appends)."""
 
-    def __init__(
-        self, log: VersionLog, segments: Segments, reader: ChunkReader, retry: RetryPolicy
-    ) -> None:
-        self.log = log
-        self.storage = log.storage
-        self.segments = segments
-        self.reader = reader
-        self.retry = retry
+    def __init__(self, ctx: StoreContext) -> None:
+        self.ctx = ctx
+        self.log = ctx.log
+        self.storage = ctx.storage
+        self.segments = ctx.segments
 
     def run(
         self, *, message: str | None, dry_run: bool, progress: Progress = no_progress
     ) -> CompactResult:
         base = self.log.latest()
-        snap = Snapshot(base, self.storage, self.segments, self.reader)
+        snap = self.ctx.snapshot(base)
         chunks = snap.chunks()
         runs = plan(chunks, base.config.chunk_bytes)
         estimate = len(chunks) - sum(r.chunks - r.target_chunks for r in runs)
@@ -191,7 +182,7 @@ class Compaction:
             kept.append(ref)
             at += ref.num_chunks
         assert new[:at] == old[:at]
-        return (*kept, *(self.segments.write(p) for p in _pieces(new[at:])))
+        return (*kept, *self.segments.write_all(new[at:]))
 
     def _parent_chunks(self, m: Manifest) -> list[ChunkRef]:
         return [c for ref in m.segments for c in self.segments.read(ref, version=m.version).chunks]
@@ -204,35 +195,28 @@ class Compaction:
         message: str | None,
     ) -> CommitResult:
         commit_id = uuid.uuid4().hex
-        uri = self.storage.uri
+        rebase = Rebase(self.log, base.version, "compact")
 
         def build(parent: Manifest) -> Manifest:
             segments = own
             if parent.version != base.version:
-                for v in range(base.version + 1, parent.version + 1):
-                    op = (parent if v == parent.version else self.log.read(v)).operation
-                    if op != "append":
-                        raise ConflictError(
-                            f"version {v} of {uri} ({op}) was committed while compacting "
-                            f"version {base.version}; nothing was committed: compact again"
-                        )
+                rebase.check(parent)
                 chunks = self._parent_chunks(parent)
                 if chunks[: len(old)] != old:
-                    raise ConflictError(f"{uri} changed under compaction; compact again")
-                for piece in _pieces(chunks[len(old) :]):
-                    segments = self.segments.append(segments, self.segments.write(piece))
-            return Manifest(
-                version=parent.version + 1,
-                parent=parent.version,
-                commit_id=commit_id,
+                    raise HistoryChangedError(
+                        f"{self.storage.uri} changed under compaction; compact again",
+                        version=parent.version,
+                        operation=parent.operation,
+                    )
+                segments = self.segments.extend(segments, chunks[len(old) :])
+            return self.ctx.next_manifest(
+                parent,
                 operation="compact",
-                timestamp=time.time(),
-                message=message,
-                num_samples=parent.num_samples,
-                added_samples=0,
-                config=parent.config,
+                commit_id=commit_id,
                 segments=segments,
+                num_samples=parent.num_samples,
+                message=message,
                 source_version=base.version,
             )
 
-        return commit(self.log, build, policy=self.retry)
+        return self.ctx.commit(build)

@@ -9,9 +9,9 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import (
     AlreadyExistsError,
@@ -19,17 +19,27 @@ from ..errors import (
     CorruptError,
     StorageError,
     StoreExistsError,
+    StoreNotFoundError,
     TxstoreError,
     VersionNotFoundError,
 )
 from ..format import manifest as fmt
-from ..format.manifest import ChunkRef, Manifest, StoreConfig
+from ..format.manifest import (
+    DEFAULT_BLOCK_BYTES,
+    DEFAULT_CHUNK_BYTES,
+    DEFAULT_COMPRESSION_LEVEL,
+    Manifest,
+    StoreConfig,
+)
 from ..format.units import parse_duration, parse_size
 from ..storage import Storage, open_storage
-from ..txn import CommitResult, RetryPolicy, VersionLog, commit, manifest_key
+from ..txn import RetryPolicy, VersionLog, manifest_key
+from ..txn.rules import first_manifest
 from .compact import Compaction, CompactResult
+from .context import StoreContext
+from .fields import add_fields, drop_fields
 from .history import Commit as Commit  # re-exported: txstore.store.Commit is public
-from .history import Diff, HistoryGuard, RollbackBuild, diff
+from .history import Diff, RollbackBuild, diff
 from .lease import DEFAULT_TTL, Lease
 from .maintenance import (
     ExpireReport,
@@ -40,21 +50,15 @@ from .maintenance import (
     parse_grace,
     vacuum,
 )
-from .refs import LeaseInfo, Refs, TagInfo
-from .segments import MAX_SEGMENT_CHUNKS, Segments
+from .refs import LeaseInfo, TagInfo
+from .segments import Segments
 from .snapshot import ChunkReader, Snapshot
+from .staging import Transaction, TransactionHandle
 from .verify import VerifyReport, verify
 from .writer import ChunkWriter
 
-if TYPE_CHECKING:
-    from .staging import Transaction
-
 #: A version number, or the name of a tag.
 Ref = int | str
-
-DEFAULT_CHUNK_BYTES = 64 * 2**20
-DEFAULT_BLOCK_BYTES = 64 * 2**10
-DEFAULT_COMPRESSION_LEVEL = 3
 
 
 class Store:
@@ -67,31 +71,24 @@ class Store:
         retry: RetryPolicy | None = None,
         clock: Callable[[], float] | None = None,
     ) -> None:
-        self._storage = storage
-        self._log = VersionLog(storage)
-        self._segments = Segments(storage)
-        self._reader = ChunkReader(storage)
-        self._retry = retry or RetryPolicy()
-        self._refs = Refs(self._log)
-        #: The time for expiry and leases (seconds since the epoch); tests may shift it.
-        self._clock = clock or time.time
+        self._ctx = StoreContext(storage, retry=retry, clock=clock)
 
     @property
     def uri(self) -> str:
-        return self._storage.uri
+        return self._ctx.storage.uri
 
     @property
     def storage(self) -> Storage:
-        return self._storage
+        return self._ctx.storage
 
     @property
     def version(self) -> int:
         """The latest committed version, read fresh."""
-        return self._log.latest_version()
+        return self._ctx.log.latest_version()
 
     @property
     def config(self) -> StoreConfig:
-        return self._log.latest().config
+        return self._ctx.log.latest().config
 
     def __repr__(self) -> str:
         return f"<txstore.Store {self.uri}>"
@@ -103,27 +100,29 @@ class Store:
         a version ``expire`` expired (a snapshot opened before keeps reading until ``vacuum``
         deletes its files, a grace period after the expiry).
         """
-        manifest = self._log.latest() if version is None else self._manifest(version)
-        return Snapshot(manifest, self._storage, self._segments, self._reader)
+        manifest = self._ctx.log.latest() if version is None else self._manifest(version)
+        return self._ctx.snapshot(manifest)
 
     def manifest(self, version: Ref | None = None) -> Manifest:
         """The manifest of a version or tag (default: the latest), expired versions too:
         manifests are never deleted."""
         return (
-            self._log.latest() if version is None else self._manifest(version, check_expired=False)
+            self._ctx.log.latest()
+            if version is None
+            else self._manifest(version, check_expired=False)
         )
 
     def tag_info(self, name: str) -> TagInfo:
         """One tag; ``TagNotFoundError`` if there is none."""
-        return TagInfo.from_doc(self._refs.tag(name))
+        return TagInfo.from_doc(self._ctx.refs.tag(name))
 
     def _manifest(self, ref: Ref, *, check_expired: bool = True) -> Manifest:
         """The manifest of a version number or tag name; tagged versions never expire."""
         if isinstance(ref, str) and ref.isdigit():
             ref = int(ref)
         if isinstance(ref, str):
-            tag = self._refs.tag(ref)
-            manifest = self._log.read(tag.version)
+            tag = self._ctx.refs.tag(ref)
+            manifest = self._ctx.log.read(tag.version)
             if manifest.commit_id != tag.commit_id:
                 raise CorruptError(
                     f"tag {ref!r} of {self.uri} names version {tag.version} of another history "
@@ -133,22 +132,22 @@ class Store:
         if isinstance(ref, bool) or not isinstance(ref, int) or ref < 0:
             raise VersionNotFoundError(f"no version {ref!r} in {self.uri}")
         try:
-            manifest = self._log.read(ref)
+            manifest = self._ctx.log.read(ref)
         except VersionNotFoundError:
             # Say what does exist: the usual mistake is a number past the end.
-            latest = self._log.latest_version()
+            latest = self._ctx.log.latest_version()
             raise VersionNotFoundError(
                 f"version {ref} does not exist in {self.uri} (latest is {latest})"
             ) from None
         if check_expired:
-            self._refs.check_retained(ref, self._clock())
+            self._ctx.refs.check_retained(ref, self._ctx.clock())
         return manifest
 
     def log(self, limit: int | None = None) -> list[Commit]:
         """The commit history, newest first."""
-        latest = self._log.latest_version()
+        latest = self._ctx.log.latest_version()
         stop = -1 if limit is None else max(-1, latest - limit)
-        return [Commit.from_manifest(self._log.read(v)) for v in range(latest, stop, -1)]
+        return [Commit.from_manifest(self._ctx.log.read(v)) for v in range(latest, stop, -1)]
 
     def append(
         self,
@@ -166,12 +165,12 @@ class Store:
         ran (nothing is committed: the caller decides whether the batch still belongs).
         """
         if txn_id is not None:
-            existing = self._log.find_txn(txn_id, self._log.latest())
+            existing = self._ctx.log.find_txn(txn_id, self._ctx.log.latest())
             if existing is not None:
                 return Commit.from_manifest(existing)
-        start = self._log.latest()
+        start = self._ctx.log.latest()
         config = start.config
-        writer = ChunkWriter(self._storage, config)
+        writer = ChunkWriter(self._ctx.storage, config)
         try:
             writer.write(samples)
             chunks = writer.finish()
@@ -179,7 +178,7 @@ class Store:
             writer.abort()  # nothing references these chunks: nothing was committed
             raise
         try:
-            result = self.commit_chunks(chunks, start=start, message=message, txn_id=txn_id)
+            result = self._ctx.append_chunks(chunks, start=start, message=message, txn_id=txn_id)
         except (ConflictError, CorruptError):
             # Every attempt read back as someone else's, or damage stopped the commit before
             # it wrote its manifest (a doubtful write is CommitStateUnknownError): ours never
@@ -190,73 +189,20 @@ class Store:
             writer.abort()  # the same txn_id landed from elsewhere meanwhile
         return Commit.from_manifest(result.manifest)
 
-    def commit_chunks(
-        self,
-        chunks: Sequence[ChunkRef],
-        *,
-        start: Manifest,
-        message: str | None = None,
-        txn_id: str | None = None,
-        operation: str = "append",
-        replace: bool = False,
-    ) -> CommitResult:
-        """Commit chunks written for this store (by ``append``, a staged transaction or
-        ``optimize``) as one version: appended to the latest, or with ``replace`` as the
-        whole content of the version after ``start``.
-
-        ``start`` is the version the caller saw when it began: an append refuses to land on a
-        rollback committed since, and a replacement on anything committed since
-        (``ConflictError``; nothing is committed).
-        """
-        added = sum(c.num_samples for c in chunks)
-        if replace:
-            new_segment = None
-            segments = tuple(
-                self._segments.write(list(chunks[i : i + MAX_SEGMENT_CHUNKS]))
-                for i in range(0, len(chunks), MAX_SEGMENT_CHUNKS)
-            )
-        else:
-            new_segment = self._segments.write(list(chunks)) if chunks else None
-        commit_id = uuid.uuid4().hex
-        guard = HistoryGuard(self._log, start)
-
-        def build(parent: Manifest) -> Manifest:
-            if replace:
-                if parent.version != start.version:
-                    raise ConflictError(
-                        f"version {parent.version} of {self.uri} was committed meanwhile; "
-                        "nothing was replaced"
-                    )
-                kept, total = segments, added
-            else:
-                guard.check(parent)  # a rollback since we began: the caller decides
-                kept = parent.segments
-                if new_segment is not None:
-                    kept = self._segments.append(kept, new_segment)
-                total = parent.num_samples + added
-            return Manifest(
-                version=parent.version + 1,
-                parent=parent.version,
-                commit_id=commit_id,
-                txn_id=txn_id,
-                operation=operation,
-                timestamp=time.time(),
-                message=message,
-                num_samples=total,
-                added_samples=total - parent.num_samples,
-                config=parent.config,
-                segments=kept,
-            )
-
-        return commit(self._log, build, txn_id=txn_id, policy=self._retry)
-
     # -- staged writes and fields ----------------------------------------------------------
 
-    def transaction(self, *, message: str | None = None, txn_id: str | None = None) -> Transaction:
-        """A staged transaction: writers anywhere add chunks, one commit (``with`` block)."""
-        from .staging import Transaction
+    def transaction(
+        self,
+        *,
+        message: str | None = None,
+        txn_id: str | None = None,
+        handle: TransactionHandle | None = None,
+    ) -> Transaction:
+        """A staged transaction: writers anywhere add chunks, one commit (``with`` block).
 
-        return Transaction(self, message=message, txn_id=txn_id)
+        ``handle``: the handle parts were already written for (e.g. before this store was
+        created); by default a new one."""
+        return Transaction(self._ctx, message=message, txn_id=txn_id, handle=handle)
 
     def add_fields(
         self,
@@ -270,10 +216,8 @@ class Store:
     ) -> Commit:
         """Commit a version whose samples also have ``fields`` computed by ``fn``, stored
         beside the chunks without rewriting them (see ``txstore.fields.add_fields``)."""
-        from .fields import add_fields
-
         return add_fields(
-            self,
+            self._ctx,
             fn,
             fields,
             batched=batched,
@@ -284,9 +228,7 @@ class Store:
 
     def drop_fields(self, fields: Iterable[str], *, message: str | None = None) -> Commit:
         """Commit a version without ``fields``; nothing is rewritten."""
-        from .fields import drop_fields
-
-        return drop_fields(self, fields, message=message)
+        return drop_fields(self._ctx, fields, message=message)
 
     # -- tags and leases -------------------------------------------------------------------
 
@@ -303,18 +245,20 @@ class Store:
         A tagged version never expires. ``TagExistsError`` if the tag exists, unless ``force``
         moves it; ``VersionExpiredError`` for an expired version.
         """
-        manifest = self._log.latest() if version is None else self._manifest(version)
+        manifest = self._ctx.log.latest() if version is None else self._manifest(version)
         return TagInfo.from_doc(
-            self._refs.put_tag(name, manifest, message=message, force=force, now=self._clock())
+            self._ctx.refs.put_tag(
+                name, manifest, message=message, force=force, now=self._ctx.clock()
+            )
         )
 
     def untag(self, name: str) -> TagInfo:
         """Delete a tag (``TagNotFoundError`` if there is none); returns what it was."""
-        return TagInfo.from_doc(self._refs.delete_tag(name))
+        return TagInfo.from_doc(self._ctx.refs.delete_tag(name))
 
     def tags(self) -> dict[str, TagInfo]:
         """Every tag, by name."""
-        return {t.name: TagInfo.from_doc(t) for t in self._refs.tags()}
+        return {t.name: TagInfo.from_doc(t) for t in self._ctx.refs.tags()}
 
     def lease(
         self, version: Ref | None = None, *, ttl: float | str | timedelta = DEFAULT_TTL
@@ -324,14 +268,14 @@ class Store:
         Renewed in the background every ttl/3; ``release()`` or leaving a ``with`` block
         deletes it, and a job that dies stops protecting the version one ttl later.
         """
-        manifest = self._log.latest() if version is None else self._manifest(version)
-        return Lease(self._refs, manifest, ttl=ttl, clock=self._clock)
+        manifest = self._ctx.log.latest() if version is None else self._manifest(version)
+        return Lease(self._ctx.refs, manifest, ttl=ttl, clock=self._ctx.clock)
 
     def leases(self) -> list[LeaseInfo]:
         """Every lease, lapsed ones included (``active`` tells them apart)."""
-        now = self._clock()
+        now = self._ctx.clock()
         return sorted(
-            (LeaseInfo.from_doc(i, r, now) for i, r in self._refs.leases()),
+            (LeaseInfo.from_doc(i, r, now) for i, r in self._ctx.refs.leases()),
             key=lambda info: (info.version, info.expires_at),
         )
 
@@ -348,16 +292,16 @@ class Store:
         append is never dropped silently.
         """
         target = self._manifest(version)
-        seen = self._log.latest_version() if expected_version is None else expected_version
+        seen = self._ctx.log.latest_version() if expected_version is None else expected_version
         if target.version == seen:
             raise ValueError(f"version {target.version} is the latest already")
-        build = RollbackBuild(target, seen, message, self.uri)
-        return Commit.from_manifest(commit(self._log, build, policy=self._retry).manifest)
+        build = RollbackBuild(self._ctx, target, seen, message)
+        return Commit.from_manifest(self._ctx.commit(build).manifest)
 
     def diff(self, a: Ref, b: Ref) -> Diff:
         """The commits between two versions and the samples ``b`` adds and removes vs ``a``."""
         return diff(
-            self._log,
+            self._ctx.log,
             self._manifest(a, check_expired=False).version,
             self._manifest(b, check_expired=False).version,
         )
@@ -378,21 +322,21 @@ class Store:
         """
         age = None if older_than is None else parse_duration(older_than)
         return expire(
-            self._log,
-            self._refs,
+            self._ctx.log,
+            self._ctx.refs,
             keep_last=keep_last,
             older_than=age,
-            now=self._clock,
+            now=self._ctx.clock,
             dry_run=dry_run,
         )
 
     def expired_versions(self) -> set[int]:
         """The versions that are expired now (listed by ``expire``, not tagged or leased)."""
-        retention, _ = self._refs.retention()
+        retention, _ = self._ctx.refs.retention()
         if not retention.expired:
             return set()
-        protected = self._refs.protection(self._clock())
-        latest = self._log.latest_version()  # never expired, whatever the record says
+        protected = self._ctx.refs.protection(self._ctx.clock())
+        latest = self._ctx.log.latest_version()  # never expired, whatever the record says
         return {
             v
             for r in retention.expired
@@ -413,11 +357,11 @@ class Store:
         compaction: until they commit, their new files are named by no version.
         """
         return vacuum(
-            self._log,
-            self._segments,
-            self._refs,
+            self._ctx.log,
+            self._ctx.segments,
+            self._ctx.refs,
             grace=parse_grace(grace),
-            now=self._clock,
+            now=self._ctx.clock,
             dry_run=dry_run,
             progress=progress or no_progress,
         )
@@ -432,7 +376,7 @@ class Store:
         """Rewrite runs of undersized chunks into full ones, as a new version (operation
         "compact") with the same samples in the same order. Appends committed meanwhile are
         kept; anything else committed meanwhile raises ``ConflictError``."""
-        return Compaction(self._log, self._segments, self._reader, self._retry).run(
+        return Compaction(self._ctx).run(
             message=message, dry_run=dry_run, progress=progress or no_progress
         )
 
@@ -446,23 +390,23 @@ class Store:
         in ``problems``; never repairs."""
 
         def fresh_snapshot(version: int) -> Snapshot:
-            manifest = self._log.read(version, fresh=True)
-            storage = self._storage
+            manifest = self._ctx.log.read(version, fresh=True)
+            storage = self._ctx.storage
             return Snapshot(manifest, storage, Segments(storage), ChunkReader(storage))
 
         return verify(
-            self._log,
-            self._segments,
-            self._refs,
+            self._ctx.log,
+            self._ctx.segments,
+            self._ctx.refs,
             fresh_snapshot,
-            now=self._clock(),
+            now=self._ctx.clock(),
             quick=quick,
             deep=deep,
             progress=progress or no_progress,
         )
 
     def close(self) -> None:
-        self._storage.close()
+        self._ctx.storage.close()
 
     def __enter__(self) -> Store:
         return self
@@ -494,18 +438,7 @@ def create(
         compression_level=compression_level,
     )
     storage = open_storage(uri, storage_options)
-    initial = Manifest(
-        version=0,
-        parent=None,
-        commit_id=uuid.uuid4().hex,
-        operation="create",
-        timestamp=time.time(),
-        message="create store",
-        num_samples=0,
-        added_samples=0,
-        config=config,
-        segments=(),
-    )
+    initial = first_manifest(config, commit_id=uuid.uuid4().hex, timestamp=time.time())
     log = VersionLog(storage)
     try:
         storage.put_if_absent(manifest_key(0), fmt.encode(initial))
@@ -529,3 +462,22 @@ def open(
     storage = open_storage(uri, storage_options)
     VersionLog(storage).latest_version()  # raises StoreNotFoundError
     return Store(storage)
+
+
+def open_or_create(
+    uri: str | os.PathLike[str] | Storage,
+    *,
+    storage_options: dict[str, Any] | None = None,
+    **settings: Any,
+) -> Store:
+    """Open the store at ``uri``, or create it with ``settings`` (those of ``create``) if
+    there is none; a store another process creates meanwhile is opened."""
+    storage = open_storage(uri, storage_options)
+    try:
+        return open(storage)
+    except StoreNotFoundError:
+        pass
+    try:
+        return create(storage, **settings)
+    except StoreExistsError:
+        return open(storage)

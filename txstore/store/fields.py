@@ -4,7 +4,7 @@
 like chunks and aligned with their blocks (docs/format.md §10); the new version's chunk
 references name them next to the untouched chunk files. Samples appended while it runs are not
 left without the fields: it computes them for the new chunks too and commits on top (it gives
-up with a ConflictError only if the history changed otherwise, e.g. a rollback).
+up with a ``HistoryChangedError`` only if the history changed otherwise, e.g. a rollback).
 """
 
 from __future__ import annotations
@@ -15,16 +15,17 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from typing import Any
 
-import msgspec
-
-from ..errors import ConflictError, EncodeError
+from ..errors import ConflictError, EncodeError, RetriesExhaustedError
+from ..format import manifest as fmt
 from ..format.builder import ChunkBuilder
 from ..format.codec import FrameCompressor
-from ..format.manifest import ChunkRef, FieldFile, Manifest, StoreConfig
+from ..format.manifest import ChunkRef, FieldFile, Manifest, StoreConfig, chunk_files
 from ..storage import MemoryStorage, Storage, open_storage
-from .core import Commit, Store
+from ..txn.rules import Rebase
+from .context import StoreContext
+from .history import Commit
 from .progress import Progress
-from .snapshot import ChunkReader, Sample, sources
+from .snapshot import ChunkReader, Sample
 
 FieldFn = Callable[[Sample], dict[str, Any]]
 BatchFieldFn = Callable[[list[Sample]], list[dict[str, Any]]]
@@ -69,7 +70,7 @@ def compute_field_file(
     """Compute ``fields`` for every sample of ``chunk``; store them as one field file."""
     reader = ChunkReader(storage)
     fetched = reader.fetch(chunk, version, None)
-    base = reader.layout(sources(chunk)[0], version)
+    base = reader.layout(chunk_files(chunk)[0], version)
     builder = ChunkBuilder(
         block_bytes=2**62, compressor=FrameCompressor(config.compression, config.compression_level)
     )
@@ -102,10 +103,10 @@ def _with_field_file(chunk: ChunkRef, new: FieldFile | None, hide: tuple[str, ..
     for extra in chunk.field_files:
         gone = tuple(sorted(set(extra.hidden) | (hidden & set(extra.columns))))
         if set(extra.columns) - set(gone):
-            kept.append(msgspec.structs.replace(extra, hidden=gone))
+            kept.append(fmt.replace(extra, hidden=gone))
     if new is not None:
         kept.append(new)
-    return msgspec.structs.replace(
+    return fmt.replace(
         chunk,
         hidden=tuple(sorted(set(chunk.hidden) | hidden)),
         field_files=tuple(kept),
@@ -113,23 +114,16 @@ def _with_field_file(chunk: ChunkRef, new: FieldFile | None, hide: tuple[str, ..
 
 
 def _commit_rewrite(
-    store: Store,
+    ctx: StoreContext,
     parent: Manifest,
     chunks: Sequence[ChunkRef],
     operation: str,
     message: str | None,
 ) -> Commit:
     """Commit ``chunks`` (same samples, new references) as the version right after
-    ``parent``; a ConflictError if anything was committed after it."""
-    result = store.commit_chunks(
-        chunks, start=parent, operation=operation, message=message, replace=True
-    )
+    ``parent``; a HistoryChangedError if anything was committed after it."""
+    result = ctx.replace_chunks(chunks, start=parent, operation=operation, message=message)
     return Commit.from_manifest(result.manifest)
-
-
-def _only_appends_since(store: Store, version: int) -> bool:
-    latest = store.version
-    return all(store._log.read(v).operation == "append" for v in range(version + 1, latest + 1))
 
 
 #: The user's function inside a worker process, set once by the pool's initializer.
@@ -155,7 +149,7 @@ def _pool(num_workers: int, fn: Callable[..., Any]) -> Executor | None:
 
 
 def add_fields(
-    store: Store,
+    ctx: StoreContext,
     fn: FieldFn | BatchFieldFn,
     fields: Iterable[str],
     *,
@@ -172,34 +166,29 @@ def add_fields(
     ``num_workers`` processes compute chunks in parallel.
     """
     names = _check_names(fields)
-    if num_workers > 0 and isinstance(store.storage, MemoryStorage):
+    if num_workers > 0 and isinstance(ctx.storage, MemoryStorage):
         raise ValueError("a memory store lives in one process: use num_workers=0")
     done: dict[str, FieldFile] = {}
     pool = _pool(num_workers, fn)
     try:
         for _ in range(_MAX_ROUNDS):
-            parent = store._log.latest()
-            chunks = store.snapshot(parent.version).chunks()
+            parent = ctx.log.latest()
+            chunks = ctx.snapshot(parent).chunks()
             todo = [c for c in chunks if c.path not in done]
             firsts = _first_positions(chunks)
             report = Progress("add_fields", sum(c.num_samples for c in todo), enabled=progress)
             try:
-                for path, ref in _run(
-                    store, pool, todo, parent, fn, names, batched, firsts, report
-                ):
+                for path, ref in _run(ctx, pool, todo, parent, fn, names, batched, firsts, report):
                     done[path] = ref
             finally:
                 report.close()
             rewritten = [_with_field_file(c, done[c.path], names) for c in chunks]
             try:
-                return _commit_rewrite(store, parent, rewritten, "add_fields", message)
+                return _commit_rewrite(ctx, parent, rewritten, "add_fields", message)
             except ConflictError:
-                if not _only_appends_since(store, parent.version):
-                    raise ConflictError(
-                        f"{store.uri} changed by more than appends while adding {names}; "
-                        "nothing was committed: run add_fields again"
-                    ) from None
-        raise ConflictError(f"add_fields could not catch up with appends to {store.uri}")
+                # Redone on the latest only if add_fields may be rebased over what came since.
+                Rebase(ctx.log, parent.version, "add_fields").check(ctx.log.latest())
+        raise RetriesExhaustedError(f"add_fields could not catch up with appends to {ctx.uri}")
     finally:
         if pool is not None:
             pool.shutdown()
@@ -214,7 +203,7 @@ def _first_positions(chunks: Sequence[ChunkRef]) -> dict[str, int]:
 
 
 def _run(
-    store: Store,
+    ctx: StoreContext,
     pool: Executor | None,
     todo: list[ChunkRef],
     parent: Manifest,
@@ -228,12 +217,10 @@ def _run(
     if pool is None:
         for chunk in todo:
             first = firsts[chunk.path]
-            yield compute_field_file(
-                store.storage, chunk, version, config, fn, names, batched, first
-            )
+            yield compute_field_file(ctx.storage, chunk, version, config, fn, names, batched, first)
             report.update(chunk.num_samples)
         return
-    uri, options = store.storage.uri, store.storage.storage_options
+    uri, options = ctx.storage.uri, ctx.storage.storage_options
     futures: list[tuple[ChunkRef, Future[tuple[str, FieldFile]]]] = [
         (
             c,
@@ -264,15 +251,15 @@ def _compute_in_worker(
     return compute_field_file(storage, chunk, version, config, _worker_fn, names, batched, first)
 
 
-def drop_fields(store: Store, fields: Iterable[str], *, message: str | None = None) -> Commit:
+def drop_fields(ctx: StoreContext, fields: Iterable[str], *, message: str | None = None) -> Commit:
     """Commit a version whose samples no longer have ``fields``. Nothing is rewritten; field
     files left with no visible column are no longer referenced (vacuum reclaims them)."""
     names = _check_names(fields)
     for _ in range(_MAX_ROUNDS):
-        parent = store._log.latest()
-        chunks = [_with_field_file(c, None, names) for c in store.snapshot(parent.version).chunks()]
+        parent = ctx.log.latest()
+        chunks = [_with_field_file(c, None, names) for c in ctx.snapshot(parent).chunks()]
         try:
-            return _commit_rewrite(store, parent, chunks, "drop_fields", message)
+            return _commit_rewrite(ctx, parent, chunks, "drop_fields", message)
         except ConflictError:
-            continue  # only metadata to redo
-    raise ConflictError(f"drop_fields could not catch up with commits to {store.uri}")
+            Rebase(ctx.log, parent.version, "drop_fields").check(ctx.log.latest())
+    raise RetriesExhaustedError(f"drop_fields could not catch up with commits to {ctx.uri}")

@@ -1,26 +1,21 @@
 """History: commits as the API shows them, rollback, and the difference between two versions.
 
-What each operation does to a version's samples:
-
-- ``append`` adds ``added_samples`` at the end;
-- ``compact`` (and ``add_fields``, ``drop_fields``) keeps the parent's samples, in order;
-- ``rollback`` makes the content of ``source_version`` again;
-- ``create`` starts empty.
-
-So a version's samples are a list of whole appended batches, and two versions share a prefix
-of batches: ``diff`` walks both back (always the higher one first) until they meet.
+By what each operation does to a version's samples (``txn.rules``), a version's samples are
+a list of whole appended batches, and two versions share a prefix of batches: ``diff`` walks
+both back (always the higher one first) until they meet.
 """
 
 from __future__ import annotations
 
-import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from ..errors import ConflictError, CorruptError, TxstoreError
+from ..errors import CorruptError, UnsupportedFormatError
 from ..format.manifest import Manifest
 from ..txn import VersionLog
+from ..txn.rules import SAME_SAMPLES, Rebase
+from .context import StoreContext
 
 
 @dataclass(frozen=True)
@@ -50,62 +45,25 @@ class Commit:
         )
 
 
-class HistoryGuard:
-    """Refuses to commit on top of a rollback (or any change but appends, compactions and
-    field changes) committed since ``start``: a batch meant to extend what the caller saw is
-    never silently added to something else. Call ``check(parent)`` in a commit's build."""
-
-    def __init__(self, log: VersionLog, start: Manifest) -> None:
-        self.log = log
-        self.start = start.version
-        self._checked = start.version
-
-    def check(self, parent: Manifest) -> None:
-        for v in range(self._checked + 1, parent.version + 1):
-            m = parent if v == parent.version else self.log.read(v)
-            if m.operation in KEEPS_PREFIX:
-                continue
-            what = (
-                f"rolled back to version {m.source_version}"
-                if m.operation == "rollback"
-                else f"replaced the samples ({m.operation})"
-            )
-            raise ConflictError(
-                f"version {v} of {self.log.storage.uri} {what} while this commit was prepared "
-                f"(it began at version {self.start}); nothing was committed: commit again if "
-                "the batch still belongs"
-            )
-        self._checked = parent.version
-
-
 class RollbackBuild:
     """The commit loop's ``build`` for a rollback: refuses to land on anything but ``seen``."""
 
-    def __init__(self, target: Manifest, seen: int, message: str | None, uri: str) -> None:
+    def __init__(self, ctx: StoreContext, target: Manifest, seen: int, message: str | None) -> None:
+        self.ctx = ctx
         self.target = target
-        self.seen = seen
         self.message = message
-        self.uri = uri
+        self.rebase = Rebase(ctx.log, seen, "rollback")
         self.commit_id = uuid.uuid4().hex
 
     def __call__(self, parent: Manifest) -> Manifest:
-        if parent.version != self.seen:
-            raise ConflictError(
-                f"{self.uri} moved from version {self.seen} to {parent.version} (by "
-                f"{parent.operation}) while rolling back to version {self.target.version}; "
-                "nothing was committed: look at the log and roll back again if still wanted"
-            )
-        return Manifest(
-            version=parent.version + 1,
-            parent=parent.version,
-            commit_id=self.commit_id,
+        self.rebase.check(parent)
+        return self.ctx.next_manifest(
+            parent,
             operation="rollback",
-            timestamp=time.time(),
-            message=self.message,
-            num_samples=self.target.num_samples,
-            added_samples=self.target.num_samples - parent.num_samples,
-            config=parent.config,
+            commit_id=self.commit_id,
             segments=self.target.segments,
+            num_samples=self.target.num_samples,
+            message=self.message,
             source_version=self.target.version,
         )
 
@@ -148,12 +106,6 @@ class Diff:
     @property
     def num_removed(self) -> int:
         return sum(len(r) for r in self.removed)
-
-
-#: Operations that keep their parent's samples, in order (chunks or fields change).
-SAME_SAMPLES = frozenset({"compact", "add_fields", "drop_fields"})
-#: Operations after which the parent's samples are still the first samples, in order.
-KEEPS_PREFIX = SAME_SAMPLES | {"append"}
 
 
 def _step(log: VersionLog, m: Manifest) -> tuple[int, int]:

@@ -28,14 +28,19 @@ from ..errors import (
     StoreNotFoundError,
     TxstoreError,
 )
-from ..format.manifest import StoreConfig
+from ..format.manifest import (
+    DEFAULT_BLOCK_BYTES,
+    DEFAULT_CHUNK_BYTES,
+    DEFAULT_COMPRESSION_LEVEL,
+    StoreConfig,
+)
 from ..format.units import parse_size
 from ..storage import LocalStorage, MemoryStorage, Storage, open_storage
-from .core import DEFAULT_BLOCK_BYTES, DEFAULT_COMPRESSION_LEVEL, Commit, Store, create
+from .core import Commit, Store, create
 from .core import open as open_store
 from .progress import Progress
 from .snapshot import ChunkReader
-from .staging import StagedPart, StagedWriter, Transaction, TransactionHandle, check_part
+from .staging import StagedPart, StagedWriter, TransactionHandle, check_part
 
 MODES = (None, "append", "overwrite")
 
@@ -271,7 +276,7 @@ def optimize(
     output_dir: str,
     *,
     num_workers: int = 1,
-    chunk_bytes: int | str = "64MB",
+    chunk_bytes: int | str = DEFAULT_CHUNK_BYTES,
     mode: str | None = None,
     compression: str | None = "zstd",
     storage_options: dict[str, Any] | None = None,
@@ -305,7 +310,7 @@ def optimize(
     text = message or f"optimize {len(items):,} inputs"
     # An existing store's transaction begins now (an overwrite refuses what lands meanwhile);
     # a new store's only once its samples are written, when the store is made.
-    txn = None if store is None else Transaction(store, message=text, txn_id=txn_id)
+    txn = None if store is None else store.transaction(message=text, txn_id=txn_id)
     handle = (
         txn.handle
         if txn is not None
@@ -341,13 +346,14 @@ def optimize(
                 compression=config.compression,
                 compression_level=config.compression_level,
             )
-            txn = Transaction(store, message=text, txn_id=txn_id)
-            txn.handle = handle  # what the parts were written for: this store, its config
+            # The parts were written for this handle: this store, its config.
+            txn = store.transaction(message=text, txn_id=txn_id, handle=handle)
         for part in parts:
             if any(part is p for p in own):
-                txn._made(part)
-            txn.add(part)  # a worker's part is read back and checked first
-        return txn.commit(replace=replace, operation="overwrite" if replace else "append")
+                txn.adopt(part)
+            else:
+                txn.add(part)  # a worker's part is read back and checked first
+        return txn.commit(replace=replace)
     except CommitStateUnknownError:
         raise  # the commit may have landed: its chunks stay (the error says how to settle it)
     except BaseException:

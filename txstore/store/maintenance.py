@@ -18,11 +18,11 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import NamedTuple, TypeVar
+from typing import TypeVar
 
 from ..errors import ConflictError, CorruptError, RetriesExhaustedError, TxstoreError
 from ..format import manifest as fmt
-from ..format.manifest import ChunkRef, Manifest, Retention, SegmentRef
+from ..format.manifest import ChunkFile, ChunkRef, Manifest, Retention, SegmentRef, chunk_files
 from ..format.units import parse_duration
 from ..storage import FileInfo, Storage
 from ..storage.local import TEMP_PREFIX
@@ -67,22 +67,6 @@ def parallel(
     return out
 
 
-class DataFile(NamedTuple):
-    """A chunk-format file a version needs, and what its manifest says about it."""
-
-    path: str
-    size: int
-    crc32: int
-    footer_offset: int
-
-
-def data_files(chunk: ChunkRef) -> list[DataFile]:
-    """The chunk file and its field files (format 1.1)."""
-    files = [DataFile(chunk.path, chunk.size, chunk.crc32, chunk.footer_offset)]
-    files += [DataFile(f.path, f.size, f.crc32, f.footer_offset) for f in chunk.field_files]
-    return files
-
-
 def is_temp(key: str) -> bool:
     return key.rpartition("/")[2].startswith(TEMP_PREFIX)
 
@@ -102,7 +86,7 @@ class Reach:
     manifests: dict[int, Manifest]
     segments: dict[str, SegmentRef]
     chunks: dict[ChunkRef, int]  # each distinct chunk reference -> a version that names it
-    files: dict[str, DataFile]  # every data file by key
+    files: dict[str, ChunkFile]  # every data file by key
     problems: list[Problem]
 
     @property
@@ -193,7 +177,7 @@ def reach(
         version = min(owners[ref.path])
         for chunk in got:
             out.chunks.setdefault(chunk, version)
-            for f in data_files(chunk):
+            for f in chunk_files(chunk):
                 out.files.setdefault(f.path, f)
     return out
 
@@ -286,7 +270,9 @@ def expire(
         except ConflictError:
             continue  # another expire (or vacuum) changed the record: recompute
         return report
-    raise RetriesExhaustedError(f"gave up expiring {log.storage.uri}: the retention record kept changing")
+    raise RetriesExhaustedError(
+        f"gave up expiring {log.storage.uri}: the retention record kept changing"
+    )
 
 
 # -- vacuum ----------------------------------------------------------------------------------

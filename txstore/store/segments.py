@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import uuid
 from collections import OrderedDict
+from collections.abc import Sequence
 
 from ..errors import ChecksumError, MissingDataError, NotFoundError
 from ..format import manifest as fmt
@@ -56,7 +57,7 @@ class Segments:
                 self._cache.popitem(last=False)
         return segment
 
-    def write(self, chunks: list[ChunkRef] | tuple[ChunkRef, ...]) -> SegmentRef:
+    def write(self, chunks: Sequence[ChunkRef]) -> SegmentRef:
         segment = Segment(chunks=tuple(chunks))
         data = fmt.encode(segment)
         ref = SegmentRef(
@@ -83,6 +84,21 @@ class Segments:
                     self._merged.clear()
                 self._merged[key] = done
         return done
+
+    def write_all(self, chunks: Sequence[ChunkRef]) -> tuple[SegmentRef, ...]:
+        """``chunks`` as new segments of at most ``MAX_SEGMENT_CHUNKS`` each."""
+        return tuple(
+            self.write(chunks[i : i + MAX_SEGMENT_CHUNKS])
+            for i in range(0, len(chunks), MAX_SEGMENT_CHUNKS)
+        )
+
+    def extend(
+        self, segments: tuple[SegmentRef, ...], chunks: Sequence[ChunkRef]
+    ) -> tuple[SegmentRef, ...]:
+        """The segment list after adding ``chunks`` at the end."""
+        for i in range(0, len(chunks), MAX_SEGMENT_CHUNKS):
+            segments = self.append(segments, self.write(chunks[i : i + MAX_SEGMENT_CHUNKS]))
+        return segments
 
     def append(self, segments: tuple[SegmentRef, ...], new: SegmentRef) -> tuple[SegmentRef, ...]:
         """The segment list after adding ``new``, with the newest segments merged."""

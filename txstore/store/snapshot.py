@@ -25,7 +25,7 @@ from ..format.chunk import (
     select_frames,
 )
 from ..format.codec import chunk_digest, crc32
-from ..format.manifest import ChunkRef, Manifest
+from ..format.manifest import ChunkFile, ChunkRef, Manifest, base_file, chunk_files
 from ..format.values import ABSENT, ValueDecoder
 from ..storage import Storage, open_storage
 from .lease import Lease, lease_version
@@ -44,41 +44,13 @@ class _LoadedSegment:
     starts: list[int]  # first sample index of each chunk, within the segment
 
 
-@dataclass(frozen=True)
-class Source:
-    """One file holding columns of a chunk: the chunk file itself or one of its field files."""
-
-    path: str
-    size: int
-    crc32: int
-    footer_offset: int
-    hidden: frozenset[str]
-    digest: str | None = None  # of the bytes before the footer (chunk files, format 1.2)
-    #: The chunk's samples, as its segment says (every source holds them all); -1: unknown.
-    num_samples: int = -1
-
-
-def sources(chunk: ChunkRef) -> list[Source]:
-    return [_base(chunk)] + [
-        Source(
-            f.path,
-            f.size,
-            f.crc32,
-            f.footer_offset,
-            frozenset(f.hidden),
-            num_samples=chunk.num_samples,
-        )
-        for f in chunk.field_files
-    ]
-
-
 @dataclass
 class Fetched:
     """The bytes of a chunk's sources needed for some fields, with their layouts, and the
     paths of the sources read whole and checked against their digest (whose frames need no
     check of their own)."""
 
-    parts: list[tuple[Source, ChunkLayout, FileBytes, frozenset[str] | None]]
+    parts: list[tuple[ChunkFile, ChunkLayout, FileBytes, frozenset[str] | None]]
     verified: frozenset[str] = frozenset()
 
 
@@ -97,7 +69,7 @@ class ChunkReader:
     def _missing(self, path: str, version: int) -> MissingDataError:
         return MissingDataError(f"{self._where(path, version)} is missing")
 
-    def layout(self, src: Source, version: int) -> ChunkLayout:
+    def layout(self, src: ChunkFile, version: int) -> ChunkLayout:
         with self._lock:
             found = self._layouts.get(src.path)
         if found is not None:
@@ -117,7 +89,7 @@ class ChunkReader:
         return self._remember(src, self._parse(src, tail, where, version))
 
     def _parse(
-        self, src: Source, tail: bytes | memoryview, where: str, version: int
+        self, src: ChunkFile, tail: bytes | memoryview, where: str, version: int
     ) -> ChunkLayout:
         """A source's footer, checked against its segment's count of samples."""
         layout = parse_footer(tail, where, footer_offset=src.footer_offset)
@@ -125,13 +97,13 @@ class ChunkReader:
             self._count_mismatch(src, layout, version)
         return layout
 
-    def _count_mismatch(self, src: Source, layout: ChunkLayout, version: int) -> None:
+    def _count_mismatch(self, src: ChunkFile, layout: ChunkLayout, version: int) -> None:
         raise CorruptError(
             f"{self._where(src.path, version)} holds {layout.footer.num_samples} samples, "
             f"its segment says {src.num_samples}"
         )
 
-    def _remember(self, src: Source, layout: ChunkLayout) -> ChunkLayout:
+    def _remember(self, src: ChunkFile, layout: ChunkLayout) -> ChunkLayout:
         with self._lock:
             self._layouts[src.path] = layout
             while len(self._layouts) > _LAYOUT_CACHE:
@@ -140,7 +112,7 @@ class ChunkReader:
 
     @staticmethod
     def _keep(
-        src: Source, layout: ChunkLayout, fields: frozenset[str] | None
+        src: ChunkFile, layout: ChunkLayout, fields: frozenset[str] | None
     ) -> frozenset[str] | None:
         """The columns to read from ``src``: None for all of them."""
         if fields is None and not src.hidden:
@@ -157,7 +129,7 @@ class ChunkReader:
         views: bool = False,
     ) -> Sample:
         out: Sample = {}
-        for src in sources(chunk) if chunk.field_files else [_base(chunk)]:
+        for src in chunk_files(chunk) if chunk.field_files else [base_file(chunk)]:
             layout = self.layout(src, version)
             block, i = layout.locate(index)
             frames = select_frames(layout, block, self._keep(src, layout, fields))
@@ -181,16 +153,22 @@ class ChunkReader:
         """The buffers of the sources ``fetch`` reads whole (fields None), by path: cheap
         for local storage (a map), which a caller may do on one thread and ``fetch`` on
         another."""
-        return {src.path: self._buffer(src, version) for src in sources(chunk) if not src.hidden}
+        return {
+            src.path: self._buffer(src, version) for src in chunk_files(chunk) if not src.hidden
+        }
 
-    def _buffer(self, src: Source, version: int) -> bytes | memoryview:
+    def _buffer(self, src: ChunkFile, version: int) -> bytes | memoryview:
         try:
             return self.storage.read_buffer(src.path)
         except NotFoundError:
             raise self._missing(src.path, version) from None
 
     def read_whole(
-        self, src: Source, version: int, digest: bool = True, data: bytes | memoryview | None = None
+        self,
+        src: ChunkFile,
+        version: int,
+        digest: bool = True,
+        data: bytes | memoryview | None = None,
     ) -> tuple[bytes | memoryview, ChunkLayout, bool]:
         """A source's bytes (read now, unless given) and layout, and whether its digest
         checked them all (else each frame's checksum is checked as it is decoded).
@@ -211,7 +189,7 @@ class ChunkReader:
         return data, self._parse(src, tail, where, version), verified
 
     def _read_frames(
-        self, src: Source, layout: ChunkLayout, keep: frozenset[str], version: int
+        self, src: ChunkFile, layout: ChunkLayout, keep: frozenset[str], version: int
     ) -> Ranges:
         names = layout.columns
         spans = [
@@ -241,9 +219,9 @@ class ChunkReader:
         frames of the fields asked for when that is a part of a file. Whole files are checked
         against their digest, unless ``digest`` is False (see ``read_whole``); ``mapped``
         holds those already read (``map_whole``)."""
-        parts: list[tuple[Source, ChunkLayout, FileBytes, frozenset[str] | None]] = []
+        parts: list[tuple[ChunkFile, ChunkLayout, FileBytes, frozenset[str] | None]] = []
         verified: set[str] = set()
-        for src in sources(chunk):
+        for src in chunk_files(chunk):
             if fields is None and not src.hidden:
                 given = None if mapped is None else mapped.get(src.path)
                 data, layout, whole = self.read_whole(src, version, digest, given)
@@ -289,18 +267,6 @@ class ChunkReader:
             yield from rows
 
 
-def _base(chunk: ChunkRef) -> Source:
-    return Source(
-        chunk.path,
-        chunk.size,
-        chunk.crc32,
-        chunk.footer_offset,
-        frozenset(chunk.hidden),
-        chunk.digest,
-        chunk.num_samples,
-    )
-
-
 class Snapshot(Sequence[Sample]):
     """The samples of one committed version, in commit order.
 
@@ -329,6 +295,16 @@ class Snapshot(Sequence[Sample]):
             accumulate((s.num_samples for s in manifest.segments), initial=0)
         )
         self._loaded: dict[int, _LoadedSegment] = {}
+
+    @property
+    def storage(self) -> Storage:
+        """The storage the snapshot reads (for the faces that read chunks themselves)."""
+        return self._storage
+
+    @property
+    def reader(self) -> ChunkReader:
+        """The chunk reader the snapshot shares with its store (footer cache included)."""
+        return self._reader
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Crosses into DataLoader workers as storage (URI + options) and manifest bytes; the
@@ -404,7 +380,7 @@ class Snapshot(Sequence[Sample]):
                 known.update(c for c in extra.columns if c not in extra.hidden)
 
         def footer_fields(chunk: ChunkRef) -> set[str]:
-            base = _base(chunk)
+            base = base_file(chunk)
             return set(self._reader.layout(base, self.version).columns) - base.hidden
 
         if not wanted <= known:

@@ -19,14 +19,11 @@ checked so, and those this transaction's own writers made, are committed or dele
 from __future__ import annotations
 
 import contextlib
-import re
 import uuid
 import weakref
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
-
-import msgspec
 
 from ..errors import (
     ConflictError,
@@ -35,107 +32,24 @@ from ..errors import (
     TransactionClosedError,
     TxstoreError,
 )
-from ..format.chunk import HEADER, TRAILER, check_file
-from ..format.manifest import CHUNKS, ChunkRef, StoreConfig, check_data_path
+from ..format.chunk import check_file
+from ..format.manifest import ChunkRef
+from ..format.staged import StagedPart, TransactionHandle, check_part, where_part
 from ..storage import Storage, open_storage
-from .core import Commit, Store
+from .context import StoreContext
+from .history import Commit
 from .writer import ChunkWriter
 
-
-class TransactionHandle(msgspec.Struct, frozen=True, kw_only=True):
-    """What a remote writer needs: where the store is and how to write its chunks."""
-
-    uri: str
-    storage_options: dict[str, Any]
-    config: StoreConfig
-    staging_id: str
-
-    def to_json(self) -> bytes:
-        return msgspec.json.encode(self)
-
-    @classmethod
-    def from_json(cls, data: bytes | str) -> TransactionHandle:
-        return msgspec.json.decode(data, type=cls)
-
-
-class StagedPart(msgspec.Struct, frozen=True, kw_only=True):
-    """Chunks one writer wrote for a transaction, in sample order."""
-
-    staging_id: str
-    chunks: tuple[ChunkRef, ...]
-    num_samples: int
-
-    def to_json(self) -> bytes:
-        return msgspec.json.encode(self)
-
-    @classmethod
-    def from_json(cls, data: bytes | str) -> StagedPart:
-        """A part handed over by another process; CorruptError unless it is well formed (the
-        files it names are read back by ``Transaction.add``)."""
-        try:
-            part = msgspec.json.decode(data, type=cls)
-        except msgspec.DecodeError as e:  # ValidationError too
-            raise CorruptError(f"not a valid staged part: {e}") from e
-        check_part(part)
-        return part
-
-
-_DIGEST = re.compile(r"[0-9a-f]{16}")
 #: Threads that read back the chunks of a part handed over (S3 answers each slowly; more
 #: would hold more whole chunks in memory at once).
 _CHECK_THREADS = 4
-
-
-def _where(part: StagedPart) -> str:
-    return f"staged part of transaction {part.staging_id!r}"
-
-
-def _is_count(n: object) -> bool:
-    return isinstance(n, int) and not isinstance(n, bool) and n >= 0
-
-
-def check_part(part: StagedPart) -> None:
-    """What a part says about its chunks is consistent: CorruptError otherwise.
-
-    Reads nothing; ``check_files`` compares the files with it."""
-    where = _where(part)
-    if not isinstance(part.staging_id, str) or not isinstance(part.chunks, tuple):
-        raise CorruptError(f"{where} is not a valid staged part")
-    total = 0
-    for i, chunk in enumerate(part.chunks):
-        if not isinstance(chunk, ChunkRef) or not isinstance(chunk.path, str):
-            raise CorruptError(f"{where}: chunk {i} is not a valid chunk reference")
-        at = f"{where}, chunk {i} ({chunk.path!r})"
-        check_data_path(chunk.path, CHUNKS, where)
-        if not all(_is_count(n) for n in (chunk.num_samples, chunk.size, chunk.footer_offset)):
-            raise CorruptError(f"{at}: sizes and counts must be non-negative integers")
-        if not HEADER.size <= chunk.footer_offset <= chunk.size - TRAILER.size:
-            raise CorruptError(
-                f"{at}: a footer at {chunk.footer_offset} does not fit a file of {chunk.size} bytes"
-            )
-        if not (_is_count(chunk.crc32) and chunk.crc32 < 1 << 32):
-            raise CorruptError(f"{at}: bad crc32 {chunk.crc32!r}")
-        if chunk.digest is not None and not (
-            isinstance(chunk.digest, str) and _DIGEST.fullmatch(chunk.digest)
-        ):
-            raise CorruptError(f"{at}: bad digest {chunk.digest!r}")
-        if chunk.field_files or chunk.hidden:  # only add_fields makes these, never a writer
-            raise CorruptError(f"{at}: a staged chunk has no field files or hidden columns")
-        total += chunk.num_samples
-    if not _is_count(part.num_samples) or part.num_samples != total:
-        raise CorruptError(
-            f"{where} says it holds {part.num_samples!r} samples, its chunks hold {total}"
-        )
-    paths = [c.path for c in part.chunks]
-    if len(set(paths)) != len(paths):
-        raise CorruptError(f"{where} names a chunk twice")
 
 
 def check_files(storage: Storage, part: StagedPart) -> None:
     """Every file ``part`` names exists in ``storage`` as the part describes it: its size, the
     CRC-32 of its footer, the digest of the rest, and the footer's sample count; CorruptError
     otherwise. One read of each file, checked in one pass."""
-    where = _where(part)
+    where = where_part(part)
 
     def check(chunk: ChunkRef) -> None:
         at = f"{where}: chunk {storage.uri}/{chunk.path}"
@@ -202,15 +116,24 @@ class Transaction:
     """One commit assembled from the chunks of many writers. Use as a context manager."""
 
     def __init__(
-        self, store: Store, *, message: str | None = None, txn_id: str | None = None
+        self,
+        ctx: StoreContext,
+        *,
+        message: str | None = None,
+        txn_id: str | None = None,
+        handle: TransactionHandle | None = None,
     ) -> None:
-        self.store = store
+        self._ctx = ctx
         self.message = message
         self.txn_id = txn_id
-        self._start = store._log.latest()  # what the transaction builds on
-        self.handle = TransactionHandle(
-            uri=store.storage.uri,
-            storage_options=dict(store.storage.storage_options),
+        self._start = ctx.log.latest()  # what the transaction builds on
+        if handle is not None and (
+            handle.uri != ctx.storage.uri or handle.config != self._start.config
+        ):
+            raise ValueError(f"the handle was made for another store than {ctx.uri}")
+        self.handle = handle or TransactionHandle(
+            uri=ctx.storage.uri,
+            storage_options=dict(ctx.storage.storage_options),
             config=self._start.config,
             staging_id=uuid.uuid4().hex,
         )
@@ -234,16 +157,24 @@ class Transaction:
         self._own.append(part)
         self._known.update(c.path for c in part.chunks)
 
+    def adopt(self, part: StagedPart) -> None:
+        """Add a part a ``StagedWriter`` of this transaction's handle made in this process:
+        checked as a document but not read back, and deleted by ``abort``."""
+        if not isinstance(part, StagedPart) or part.staging_id != self.handle.staging_id:
+            raise CorruptError(f"{where_part(part)} was not written for this transaction")
+        self._made(part)
+        self.add(part)
+
     def _check(self, part: StagedPart) -> None:
         """Refuse a part not written for this transaction, or not as it says (CorruptError);
         a part handed over has each of its files read back."""
         if not isinstance(part, StagedPart):
             raise TypeError(f"a StagedPart is needed, not {type(part).__name__}")
         if part.staging_id != self.handle.staging_id:
-            raise CorruptError(f"{_where(part)} was written for another transaction")
+            raise CorruptError(f"{where_part(part)} was written for another transaction")
         check_part(part)
         if not any(part is own for own in self._own):
-            check_files(self.store.storage, part)
+            check_files(self._ctx.storage, part)
 
     def _checked(self, part: StagedPart) -> bool:
         return all(c.path in self._known for c in part.chunks)
@@ -253,7 +184,7 @@ class Transaction:
         self._check(part)
         paths = [c.path for c in part.chunks]
         if not self._added.isdisjoint(paths):  # committed twice, its samples would repeat
-            raise CorruptError(f"{_where(part)} names a chunk another part names already")
+            raise CorruptError(f"{where_part(part)} names a chunk another part names already")
         self._added.update(paths)
         self._known.update(paths)
         self._parts.append(part)
@@ -274,7 +205,7 @@ class Transaction:
     def num_samples(self) -> int:
         return sum(p.num_samples for p in self._parts)
 
-    def commit(self, *, replace: bool = False, operation: str = "append") -> Commit:
+    def commit(self, *, replace: bool = False) -> Commit:
         """Commit every part added, in order, as one version: appended to the latest, or with
         ``replace`` as the store's whole content (a ConflictError if anything was committed
         since the transaction began; an append likewise refuses to land on a rollback)."""
@@ -286,14 +217,18 @@ class Transaction:
                 self._known.update(c.path for c in part.chunks)
         chunks = [c for part in self._parts for c in part.chunks]
         try:
-            result = self.store.commit_chunks(
-                chunks,
-                start=self._start,
-                message=self.message,
-                txn_id=self.txn_id,
-                operation=operation,
-                replace=replace,
-            )
+            if replace:
+                result = self._ctx.replace_chunks(
+                    chunks,
+                    start=self._start,
+                    operation="overwrite",
+                    message=self.message,
+                    txn_id=self.txn_id,
+                )
+            else:
+                result = self._ctx.append_chunks(
+                    chunks, start=self._start, message=self.message, txn_id=self.txn_id
+                )
         except ConflictError:
             self.abort()  # known not committed
             raise
@@ -314,7 +249,7 @@ class Transaction:
             if writer is not None and not writer.closed:
                 writer.abort()
         self._writers.clear()
-        storage = self.store.storage
+        storage = self._ctx.storage
         for part in self._parts:
             if any(part is own for own in self._own):
                 for chunk in part.chunks:
@@ -333,7 +268,11 @@ class Transaction:
             self.abort()
 
 
-def transaction(
-    store: Store, *, message: str | None = None, txn_id: str | None = None
-) -> Transaction:
-    return Transaction(store, message=message, txn_id=txn_id)
+__all__ = [
+    "StagedPart",
+    "StagedWriter",
+    "Transaction",
+    "TransactionHandle",
+    "check_files",
+    "check_part",
+]

@@ -21,15 +21,13 @@ from ..errors import CorruptError, NotFoundError, StoreNotFoundError, TxstoreErr
 from ..format import manifest as fmt
 from ..format.chunk import check_file, check_offset_tables, parse_footer
 from ..format.codec import crc32
-from ..format.manifest import LeaseRecord, Retention, Tag, TxnMarker
+from ..format.manifest import ChunkFile, LeaseRecord, Retention, Tag, TxnMarker, chunk_files
 from ..storage import FileInfo, Storage
 from ..txn import VersionLog, manifest_key, txn_marker_key
 from .maintenance import (
-    DataFile,
     Problem,
     Progress,
     collectable,
-    data_files,
     listed_versions,
     no_progress,
     parallel,
@@ -80,7 +78,7 @@ class VerifyReport:
         return sum(f.size for f in self.orphans)
 
 
-def _check_tail(storage: Storage, f: DataFile, size: int) -> str:
+def _check_tail(storage: Storage, f: ChunkFile, size: int) -> str:
     """What is wrong with one data file's size and footer, or ""."""
     if size != f.size:
         return f"is {size} bytes, its segment says {f.size}"
@@ -91,9 +89,7 @@ def _check_tail(storage: Storage, f: DataFile, size: int) -> str:
     return ""
 
 
-def _check_contents(
-    storage: Storage, f: DataFile, size: int, digest: str | None, tables: bool
-) -> str:
+def _check_contents(storage: Storage, f: ChunkFile, size: int, tables: bool) -> str:
     """What is wrong with any byte of one data file, or "" (``check_file``); with ``tables``
     also its frames' offset tables, which only a reader of single samples uses."""
     if size != f.size:
@@ -105,7 +101,7 @@ def _check_contents(
             size=f.size,
             footer_offset=f.footer_offset,
             crc32_=f.crc32,
-            digest=digest,
+            digest=f.digest,
             where="the file",
         )
         if tables:
@@ -183,10 +179,9 @@ def verify(
 
     needed = reach(log, segments, keep, progress=progress)
     problems += needed.problems
-    needer = {f.path: v for c, v in needed.chunks.items() for f in data_files(c)}
-    digests = {c.path: c.digest for c in needed.chunks}
+    needer = {f.path: v for c, v in needed.chunks.items() for f in chunk_files(c)}
 
-    def check(f: DataFile) -> Problem | None:
+    def check(f: ChunkFile) -> Problem | None:
         info = listing.get(f.path)
         if info is None:
             return Problem(f.path, f"is missing (needed by version {needer[f.path]})")
@@ -194,7 +189,7 @@ def verify(
             if quick:
                 message = _check_tail(storage, f, info.size)
             else:
-                message = _check_contents(storage, f, info.size, digests.get(f.path), deep)
+                message = _check_contents(storage, f, info.size, deep)
         except NotFoundError:
             message = "is missing"
         except TxstoreError as e:

@@ -39,11 +39,11 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate, default_convert
 
 from ..errors import MissingDataError, ResumeMismatchError, TxstoreError
-from ..format.manifest import ChunkRef
+from ..format.manifest import ChunkRef, chunk_files
 from ..format.units import parse_duration, parse_size
 from ..storage import LocalStorage, MemoryStorage
 from ..store.core import open as open_store
-from ..store.snapshot import ChunkReader, Fetched, Sample, Snapshot, sources
+from ..store.snapshot import ChunkReader, Fetched, Sample, Snapshot
 from .transport import BytesPool, Receiver, pack, unpack
 
 STATE_FORMAT = 1
@@ -191,8 +191,8 @@ class _ChunkFetcher:
 
     def __init__(self, snapshot: Snapshot, cache_dir: str, max_cache_size: int, ahead: int) -> None:
         self._snapshot = snapshot
-        self._remote = snapshot._reader
-        local = isinstance(snapshot._storage, LocalStorage | MemoryStorage)
+        self._remote = snapshot.reader
+        local = isinstance(snapshot.storage, LocalStorage | MemoryStorage)
         self._cache = None if local else LocalStorage(cache_dir)
         self._reader = self._remote if self._cache is None else ChunkReader(self._cache)
         self._max_cache_size = max_cache_size
@@ -231,7 +231,7 @@ class _ChunkFetcher:
         if self._cache is None or fields is not None:
             # A projection fetches only its frames; caching whole files would download all.
             return self._remote.fetch(chunk, version, fields, digest, mapped)
-        for src in sources(chunk):
+        for src in chunk_files(chunk):
             if not os.path.exists(os.path.join(self._cache.root, src.path)):
                 self._cache.write(src.path, [self._remote.read_whole(src, version)[0]])
         try:
@@ -243,7 +243,7 @@ class _ChunkFetcher:
         if self._cache is None or self._snapshot.fields is not None:
             return
         with self._lock:
-            self._finished += [src.path for src in sources(chunk)]
+            self._finished += [src.path for src in chunk_files(chunk)]
             used = sum(f.size for f in self._cache.list("chunks/"))
             while used > self._max_cache_size and self._finished:
                 victim = self._finished.pop(0)
@@ -294,8 +294,8 @@ class _ChunkFetcher:
     def _cached(self, chunk: ChunkRef) -> bool:
         """Whether all of a chunk's files are in memory already, so that checking it is CPU
         work alone."""
-        storage = self._snapshot._storage
-        return all(storage.is_cached(src.path) for src in sources(chunk) if not src.hidden)
+        storage = self._snapshot.storage
+        return all(storage.is_cached(src.path) for src in chunk_files(chunk) if not src.hidden)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
@@ -467,7 +467,7 @@ class StreamingDataset(IterableDataset[Any]):
         self, windows: list[list[Piece]], worker: int, first_window: int, skip: int
     ) -> Iterator[Any]:
         snapshot = self._own_snapshot()
-        reader, version, views = snapshot._reader, snapshot.version, snapshot.is_zero_copy
+        reader, version, views = snapshot.reader, snapshot.version, snapshot.is_zero_copy
         fetcher = _ChunkFetcher(
             snapshot, self._cache_dir(), self.max_cache_size, self.prefetch_chunks
         )

@@ -18,12 +18,11 @@ from dataclasses import dataclass
 from ..errors import (
     AlreadyExistsError,
     CommitStateUnknownError,
-    ConflictError,
     CorruptError,
+    RetriesExhaustedError,
     StorageError,
     TxstoreError,
     VersionNotFoundError,
-    RetriesExhaustedError,
 )
 from ..format import manifest as fmt
 from ..format.manifest import Manifest

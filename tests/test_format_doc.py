@@ -246,7 +246,9 @@ def _tag() -> None:
     tag = fmt.decode(_json("tag"), Tag, "format.md tag")
     _current_version(tag)
     store = _store_with_versions(tag.version)
-    store.storage.write(f"refs/tags/{tag.name}.json", _json("tag"))  # "equals the file name"
+    stated = re.search(r"`(refs/tags/[^`]+)`", _after("tag"))
+    assert stated, "the text after the tag example states its key"
+    store.storage.write(stated.group(1), _json("tag"))  # "name ... equals the file name"
     info = store.tags()[tag.name]
     assert (info.version, info.commit_id, info.message) == (tag.version, tag.commit_id, tag.message)
 

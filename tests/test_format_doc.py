@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import itertools
 import json
 import re
 import struct
@@ -151,7 +152,7 @@ def test_manifest_table_lists_every_field() -> None:
 
 
 def _footer_schema() -> None:
-    lang, body, _ = EXAMPLES["footer-schema"]
+    _lang, body, _ = EXAMPLES["footer-schema"]
     schema = dict(re.findall(r"^(\w+)\s*= \[([^\]]*)\]", body, re.M))
     for kind in (chunkfmt.ChunkFooter, chunkfmt.BlockIndex, chunkfmt.FrameIndex):
         written = [n.strip() for n in schema[kind.__name__].split(",")]
@@ -160,7 +161,7 @@ def _footer_schema() -> None:
 
 
 def _chunk_layout() -> None:
-    lang, body, _ = EXAMPLES["chunk-layout"]
+    _lang, body, _ = EXAMPLES["chunk-layout"]
     header = re.search(
         r'header\s+(\d+) bytes: "(\w+)", u16 major \((\d+)\), u16 minor \((\d+)\)', body
     )
@@ -224,7 +225,8 @@ def _txn() -> None:
 def _chunk_ref_fields() -> None:
     ref_json = json.loads(_json("chunk-ref-fields"))
     # The reference lives in a segment: decoded as one, with its path checks.
-    wrapped = {"type": "segment", "format": "txstore", "format_version": [1, 2], "chunks": [ref_json]}
+    wrapped = {"type": "segment", "format": "txstore", "format_version": [1, 2]}
+    wrapped["chunks"] = [ref_json]
     (ref,) = fmt.decode(json.dumps(wrapped).encode(), Segment, "format.md field files").chunks
     assert set(ref_json) == _struct_fields(ChunkRef)
     (extra,) = ref.field_files
@@ -274,7 +276,7 @@ def _retention() -> None:
     _current_version(record)
     ranges = [(r.first, r.last) for r in record.expired]
     assert ranges == sorted(ranges)  # "disjoint ranges of versions (inclusive), sorted"
-    assert all(a[1] < b[0] for a, b in zip(ranges, ranges[1:], strict=False))  # disjoint
+    assert all(a[1] < b[0] for a, b in itertools.pairwise(ranges))  # disjoint
     latest = record.expired[-1].last + 1  # "expire never lists the latest version"
     store = _store_with_versions(latest)
     store.storage.write("refs/retention.json", _json("retention"))
@@ -303,7 +305,7 @@ def _hex_bytes(body: str) -> bytes:
 
 
 def _chunk_file() -> None:
-    lang, body, _ = EXAMPLES["chunk-file"]
+    _lang, body, _ = EXAMPLES["chunk-file"]
     data = _hex_bytes(body)
     section = _section("### 7.5")
     size = re.search(r"The chunk file, (\d+) bytes", section)

@@ -221,7 +221,7 @@ def add_once(
 ) -> AddRun:
     """add_fields on a fresh copy of ``base`` (the copy is not timed, nor profiled)."""
     import txstore
-    from txstore.fields import add_fields
+    from txstore.store.fields import add_fields
 
     run_dir = Path(tempfile.mkdtemp(prefix=f"fields-add{workers}-", dir=workdir))
     try:
@@ -393,7 +393,7 @@ def counted_read(path: Path, case: ReadCase, reader: str, workdir: Path) -> tupl
 def stored_column_bytes(path: Path, version: int) -> dict[str, int]:
     """Bytes of each visible column's frames in the version's files (what a projection needs)."""
     import txstore
-    from txstore.snapshot import sources
+    from txstore.store.snapshot import sources
 
     store = txstore.open(str(path))
     reader = store.snapshot(version)._reader
@@ -681,7 +681,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run_reads(base: Path, args: argparse.Namespace, report: dict[str, Any], count: int) -> None:
     import txstore
-    from txstore.fields import add_fields
+    from txstore.store.fields import add_fields
 
     print("\nreads: version 1 = the five fields; version 2 = add_fields(latent) on it (2 workers)")
     add_fields(txstore.open(str(base)), latent_of, [NEW_FIELD], num_workers=2)

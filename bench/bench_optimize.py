@@ -5,7 +5,7 @@ inputs (integer indices) and the same function, which builds each sample from a 
 random pool: generation is cheap and costs every contender the same. Each output is fsynced
 after the call (timed separately), so every total is a durable total.
 
-- throughput: ``txstore.ingest.optimize`` with 1 and 2 workers (uncompressed and zstd), LitData
+- throughput: ``txstore.optimize`` with 1 and 2 workers (uncompressed and zstd), LitData
   ``optimize()`` with 1 and 2 workers (uncompressed), MosaicML ``MDSWriter`` in 1 process and in
   2 processes writing a partition each, then ``merge_index``;
 - small append: 1% of W1 onto an existing 200,000-sample dataset, txstore ``mode="append"``
@@ -89,7 +89,7 @@ def tiny_sample(index: int) -> Sample:
 def run_txstore(
     out: Path, inputs: Sequence[int], workers: int, compression: str | None, mode: str | None
 ) -> str:
-    from txstore.ingest import optimize
+    from txstore.store.ingest import optimize
 
     commit = optimize(
         build_sample,

@@ -1483,7 +1483,7 @@ def prepare_staged(root: Path, box: Path, template: Template, m: Mutation) -> tu
 
 def staged_commit(run: Run, staged: Staged, m: Mutation) -> None:
     """Hand the mutated part to the transaction: refused, committed or aborted, never trusted."""
-    from txstore.staging import StagedPart
+    from txstore.store.staging import StagedPart
 
     store, txn = staged.store, staged.txn
     ok, hostile = run.call("StagedPart.from_json", lambda: StagedPart.from_json(_dump(staged.doc)))

@@ -169,7 +169,7 @@ def test_a_flipped_byte_is_caught_by_digest_and_by_frame_checksum(backend: Backe
     checked by its frame's checksum either way."""
     import msgspec
 
-    from txstore.staging import StagedPart
+    from txstore.store.staging import StagedPart
 
     store = txstore.create(backend.uri, **backend.kwargs(), chunk_bytes=2048)
     with store.transaction() as txn:

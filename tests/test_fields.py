@@ -10,8 +10,8 @@ import pytest
 
 import txstore
 from txstore.errors import ConflictError
-from txstore.fields import add_fields, drop_fields
 from txstore.storage import Storage, open_storage
+from txstore.store.fields import add_fields, drop_fields
 from txstore.torch import StreamingDataLoader, StreamingDataset
 
 from .conftest import Backend

@@ -13,8 +13,8 @@ import pytest
 
 import txstore
 from txstore.errors import ConflictError, StoreExistsError
-from txstore.ingest import InputError, optimize
-from txstore.staging import StagedPart, Transaction, TransactionHandle
+from txstore.store.ingest import InputError, optimize
+from txstore.store.staging import StagedPart, Transaction, TransactionHandle
 
 from .conftest import Backend
 from .helpers import REPO
@@ -120,7 +120,7 @@ def test_chunks_are_full_whatever_the_workers(tmp_path: Path, workers: int) -> N
 
 WRITER = """
 import sys, txstore
-from txstore.staging import StagedWriter, TransactionHandle
+from txstore.store.staging import StagedWriter, TransactionHandle
 handle = TransactionHandle.from_json(sys.argv[1])
 w = StagedWriter(handle)
 start = int(sys.argv[2])

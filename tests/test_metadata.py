@@ -6,8 +6,8 @@ import math
 import re
 
 import txstore
-from txstore.segments import MAX_SEGMENT_CHUNKS
 from txstore.storage import MemoryStorage
+from txstore.store.segments import MAX_SEGMENT_CHUNKS
 
 from .faults import FaultyStorage
 

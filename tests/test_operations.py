@@ -416,7 +416,7 @@ def test_verify_checks_refs_and_markers(backend: Backend) -> None:
 
 
 def test_diff_across_compaction_and_overwrite(tmp_path: Any) -> None:
-    from txstore.staging import Transaction
+    from txstore.store.staging import Transaction
 
     store = make(Backend("local", str(tmp_path / "store")), appends=3)
     store.compact()  # version 4: same samples
@@ -512,7 +512,7 @@ def test_ref_racing_expire_never_protects_a_version_vacuum_may_take(
 
 def test_lease_without_a_store(backend: Backend) -> None:
     """What Snapshot.lease / StreamingDataset use: a storage and a manifest."""
-    from txstore.lease import lease_version
+    from txstore.store.lease import lease_version
 
     store = make(backend, appends=2)
     snap = store.snapshot(1)

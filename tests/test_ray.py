@@ -15,7 +15,7 @@ from .conftest import Backend, make_backend
 
 ray = pytest.importorskip("ray")
 
-from txstore.ray import TxstoreDatasink, TxstoreDatasource  # noqa: E402
+from txstore.interop.ray import TxstoreDatasink, TxstoreDatasource  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -22,8 +22,8 @@ from txstore.torch import (  # noqa: E402
     ResumeMismatchError,
     StreamingDataLoader,
     StreamingDataset,
-    _ChunkFetcher,
 )
+from txstore.torch.dataset import _ChunkFetcher  # noqa: E402
 
 from .conftest import Backend, make_backend  # noqa: E402
 from .helpers import REPO  # noqa: E402
@@ -403,7 +403,7 @@ def _same(a: Any, b: Any) -> bool:
 
 @pytest.mark.parametrize("pin", [False, True])
 def test_batches_from_workers_equal_those_made_in_process(tmp_path: Path, pin: bool) -> None:
-    from txstore.torch_transport import INLINE_TENSOR_BYTES, BytesPool, InlineTensor, pack
+    from txstore.torch.transport import INLINE_TENSOR_BYTES, BytesPool, InlineTensor, pack
 
     store = _store(str(tmp_path / "s"), n=300)
     snap = store.snapshot()
@@ -428,7 +428,7 @@ def test_batches_from_workers_equal_those_made_in_process(tmp_path: Path, pin: b
 def test_large_bytes_lists_travel_through_shared_memory_and_come_back_whole(
     tmp_path: Path,
 ) -> None:
-    from txstore.torch_transport import SHARED_BYTES_MIN, BytesPool, SharedBytes, pack
+    from txstore.torch.transport import SHARED_BYTES_MIN, BytesPool, SharedBytes, pack
 
     store = txstore.create(str(tmp_path / "s"), chunk_bytes="1MiB")
     # Sizes that grow along the store, so that later batches outgrow the workers' buffers.
@@ -456,7 +456,7 @@ def test_large_bytes_lists_travel_through_shared_memory_and_come_back_whole(
 
 
 def test_a_workers_shared_buffers_are_reused_only_once_read() -> None:
-    from txstore.torch_transport import MAX_POOL_SLOTS, BytesPool, Receiver
+    from txstore.torch.transport import MAX_POOL_SLOTS, BytesPool, Receiver
 
     pool, receiver = BytesPool(), Receiver()
     batches = [[os.urandom(40_000) for _ in range(30)] for _ in range(MAX_POOL_SLOTS + 3)]

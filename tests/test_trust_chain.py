@@ -18,9 +18,9 @@ import txstore
 from txstore.errors import CorruptError, StorageError, VersionExpiredError
 from txstore.format import manifest as fmt
 from txstore.format.manifest import ExpiredRange, Retention
-from txstore.refs import RETENTION_KEY
 from txstore.storage import Storage, open_storage
 from txstore.store import Store
+from txstore.store.refs import RETENTION_KEY
 from txstore.txn import manifest_key
 
 from .conftest import Backend

@@ -21,7 +21,7 @@ import pytest
 
 import txstore
 from txstore.cli import output
-from txstore.progress import Progress
+from txstore.store.progress import Progress
 
 from .conftest import Backend
 from .helpers import REPO

@@ -22,8 +22,8 @@ from txstore.errors import (
     StoreExistsError,
     StoreNotFoundError,
 )
-from txstore.ingest import optimize
 from txstore.storage import open_storage
+from txstore.store.ingest import optimize
 
 from .conftest import Backend
 from .helpers import REPO
@@ -84,7 +84,7 @@ def test_a_failed_optimize_keeps_the_folder_it_was_given(tmp_path: Path) -> None
 
 KILLED = """
 import sys
-from txstore.ingest import optimize
+from txstore.store.ingest import optimize
 optimize(lambda i: {"id": i, "pad": bytes(300)}, range(10**8), sys.argv[1],
          chunk_bytes=4096, progress=False)
 """
@@ -330,7 +330,7 @@ def test_a_field_only_later_chunks_have_is_known(tmp_path: Path) -> None:
 
 
 def test_added_and_dropped_fields(tmp_path: Path) -> None:
-    from txstore.fields import add_fields, drop_fields
+    from txstore.store.fields import add_fields, drop_fields
 
     store = _small_store(str(tmp_path / "s"))
     add_fields(store, lambda s: {"latent_512": s["id"]}, ["latent_512"])

@@ -24,9 +24,9 @@ from txstore.errors import CorruptError
 from txstore.format import manifest as fmt
 from txstore.format.codec import crc32
 from txstore.format.manifest import ChunkRef, Manifest, Segment, SegmentRef
-from txstore.staging import StagedPart, StagedWriter, Transaction, TransactionHandle
 from txstore.storage import Storage, open_storage
 from txstore.store import Store
+from txstore.store.staging import StagedPart, StagedWriter, Transaction, TransactionHandle
 from txstore.txn import manifest_key
 
 from .conftest import Backend, make_backend
@@ -367,7 +367,7 @@ def test_staged_part_that_is_not_one_is_corrupt(data: bytes | str) -> None:
 
 WRITER = """
 import sys
-from txstore.staging import StagedWriter, TransactionHandle
+from txstore.store.staging import StagedWriter, TransactionHandle
 w = StagedWriter(TransactionHandle.from_json(sys.argv[1]))
 w.write({"b": 50, "i": i} for i in range(300))
 sys.stdout.write(w.finish().to_json().decode())

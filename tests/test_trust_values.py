@@ -508,7 +508,7 @@ def test_conjugate_and_negative_views_are_stored_as_their_values(tmp_path: Path)
 
 def test_a_negative_view_in_a_batch_travels_from_workers_as_its_values() -> None:
     torch = pytest.importorskip("torch")
-    from txstore.torch_transport import BytesPool, Receiver, pack, unpack
+    from txstore.torch.transport import BytesPool, Receiver, pack, unpack
 
     batch = {"neg": torch._neg_view(torch.tensor([1.5, -2.0])), "id": torch.arange(3)}
     back = unpack(pack(batch, BytesPool()), False, Receiver())

@@ -19,7 +19,7 @@ import txstore
 from txstore.errors import EncodeError
 from txstore.storage import open_storage
 from txstore.storage.local import TEMP_PREFIX
-from txstore.writer import STREAM_BYTES
+from txstore.store.writer import STREAM_BYTES
 
 from .conftest import Backend
 from .faults import FaultyStorage, InjectedFault

@@ -22,11 +22,11 @@ from .errors import (
     VersionExpiredError,
     VersionNotFoundError,
 )
-from .ingest import optimize
-from .lease import Lease
-from .snapshot import Snapshot
-from .staging import Transaction
-from .store import Commit, Store, create, open
+from .store.core import Commit, Store, create, open
+from .store.ingest import optimize
+from .store.lease import Lease
+from .store.snapshot import Snapshot
+from .store.staging import Transaction
 
 __version__ = "0.1.0"
 

@@ -1,6 +1,12 @@
 """The txstore exception tree, grouped by what a caller does about each error.
 
-- ``ConflictError``: someone else committed first; re-read and retry deliberately.
+- ``ConflictError``: someone else changed the store first and nothing was committed:
+  - ``HistoryChangedError``: versions committed since the operation began change what it
+    means (a rollback under an append, say); look at the log, decide, run it again;
+  - ``RetriesExhaustedError``: it lost to concurrent commits more times than its retry
+    budget; run it again later, or with a larger ``RetryPolicy``;
+  - ``RefChangedError``: a compare-and-swap lost (HEAD, a tag, the retention record
+    changed since it was read); read again and retry.
 - ``CommitStateUnknownError``: the commit may or may not have landed; look before retrying.
 - ``NotFoundError``: the store, version, tag or file named does not exist.
 - ``AlreadyExistsError``: the thing to be created exists already.
@@ -18,7 +24,31 @@ class TxstoreError(Exception):
 
 
 class ConflictError(TxstoreError):
-    """A commit lost to concurrent commits more times than its retry budget allows."""
+    """Someone else changed the store first; nothing was committed (see the subclasses)."""
+
+
+class HistoryChangedError(ConflictError):
+    """A version committed since the operation began is one it may not be rebased over.
+
+    ``version`` and ``operation``: the first such version and what made it.
+    """
+
+    def __init__(self, message: str, *, version: int, operation: str) -> None:
+        super().__init__(message)
+        self.version = version
+        self.operation = operation
+
+
+class RetriesExhaustedError(ConflictError):
+    """An operation lost to concurrent commits more times than its retry budget allows."""
+
+
+class RefChangedError(ConflictError):
+    """A compare-and-swap lost: the object changed since it was read."""
+
+
+class TransactionClosedError(TxstoreError, RuntimeError):
+    """The transaction was committed or aborted already; start a new one."""
 
 
 class CommitStateUnknownError(TxstoreError):

@@ -18,10 +18,10 @@ from collections.abc import Callable, Sequence
 from .. import __version__
 from .. import open as open_store
 from ..errors import ConflictError, CorruptError, TxstoreError
-from ..refs import check_tag_name
+from ..format.units import parse_duration
 from ..storage import open_storage
-from ..store import Store
-from ..units import parse_duration
+from ..store.core import Store
+from ..store.refs import check_tag_name
 from .output import (
     EPILOG,
     EXAMPLES,

@@ -9,9 +9,9 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from ..history import Commit
-from ..maintenance import Progress
-from ..progress import Progress as ProgressLine
+from ..store.history import Commit
+from ..store.maintenance import Progress
+from ..store.progress import Progress as ProgressLine
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_DAMAGED, EXIT_CONFLICT, EXIT_NOT_CONFIRMED = 0, 1, 2, 3, 4, 5
 #: What a shell reports for a program killed by SIGPIPE (128 + 13): the reader of stdout left.

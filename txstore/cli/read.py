@@ -6,8 +6,8 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
-from ..history import Commit, Diff
-from ..store import Store
+from ..store.core import Store
+from ..store.history import Commit, Diff
 from .output import (
     EXIT_DAMAGED,
     EXIT_OK,

@@ -6,8 +6,8 @@ import argparse
 import time
 from collections.abc import Sequence
 
-from ..store import Store
-from ..units import format_duration
+from ..format.units import format_duration
+from ..store.core import Store
 from .output import (
     EXIT_OK,
     _bytes,

@@ -23,6 +23,7 @@ from ..errors import (
     StorageError,
     TxstoreError,
     VersionNotFoundError,
+    RetriesExhaustedError,
 )
 from ..format import manifest as fmt
 from ..format.manifest import Manifest
@@ -184,7 +185,7 @@ def commit(
         return _succeed(log, ours, policy.max_attempts)
     if doubt.versions:
         raise doubt.unknown(f"gave up after {policy.max_attempts} attempts")
-    raise ConflictError(
+    raise RetriesExhaustedError(
         f"gave up committing to {log.storage.uri} after {policy.max_attempts} attempts "
         "lost to concurrent commits"
     )

@@ -13,12 +13,12 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from .errors import TxstoreError
-from .format.builder import ChunkBuilder
-from .format.chunkfile import BuiltChunk, ChunkStream
-from .format.codec import FrameCompressor
-from .format.manifest import ChunkRef, StoreConfig
-from .storage import Storage
+from ..errors import TxstoreError
+from ..format.builder import ChunkBuilder
+from ..format.chunkfile import BuiltChunk, ChunkStream
+from ..format.codec import FrameCompressor
+from ..format.manifest import ChunkRef, StoreConfig
+from ..storage import Storage
 
 #: Chunks built but not yet stored; bounds memory to a few chunks whatever the input size.
 #: Each is stored by a thread of its own, and one more thread stores the chunk being built:

@@ -18,13 +18,13 @@ from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from types import TracebackType
 
-from .errors import TxstoreError
-from .format import manifest as fmt
-from .format.manifest import LeaseRecord, Manifest
+from ..errors import TxstoreError
+from ..format import manifest as fmt
+from ..format.manifest import LeaseRecord, Manifest
+from ..format.units import parse_duration
+from ..storage import Storage
+from ..txn import VersionLog
 from .refs import Refs, lease_key
-from .storage import Storage
-from .txn import VersionLog
-from .units import parse_duration
 
 log = logging.getLogger(__name__)
 

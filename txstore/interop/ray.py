@@ -18,12 +18,12 @@ from ray.data import Datasink, Datasource, ReadTask
 from ray.data._internal.delegating_block_builder import DelegatingBlockBuilder
 from ray.data.block import Block, BlockAccessor, BlockMetadata
 
-from .errors import StoreNotFoundError
-from .snapshot import ChunkReader, Snapshot
-from .staging import StagedPart, StagedWriter, Transaction, TransactionHandle
-from .storage import open_storage
-from .store import Commit, create
-from .store import open as open_store
+from ..errors import StoreNotFoundError
+from ..storage import open_storage
+from ..store.core import Commit, create
+from ..store.core import open as open_store
+from ..store.snapshot import ChunkReader, Snapshot
+from ..store.staging import StagedPart, StagedWriter, Transaction, TransactionHandle
 
 
 def _plain(value: Any) -> Any:

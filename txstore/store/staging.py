@@ -28,11 +28,17 @@ from typing import Any
 
 import msgspec
 
-from .errors import ConflictError, CorruptError, NotFoundError, TxstoreError
-from .format.chunk import HEADER, TRAILER, check_file
-from .format.manifest import CHUNKS, ChunkRef, StoreConfig, check_data_path
-from .storage import Storage, open_storage
-from .store import Commit, Store
+from ..errors import (
+    ConflictError,
+    CorruptError,
+    NotFoundError,
+    TransactionClosedError,
+    TxstoreError,
+)
+from ..format.chunk import HEADER, TRAILER, check_file
+from ..format.manifest import CHUNKS, ChunkRef, StoreConfig, check_data_path
+from ..storage import Storage, open_storage
+from .core import Commit, Store
 from .writer import ChunkWriter
 
 
@@ -273,7 +279,7 @@ class Transaction:
         ``replace`` as the store's whole content (a ConflictError if anything was committed
         since the transaction began; an append likewise refuses to land on a rollback)."""
         if self.result is not None:
-            raise TxstoreError("this transaction is committed already")
+            raise TransactionClosedError("this transaction is committed already")
         for part in self._parts:
             if not self._checked(part):  # put in place without ``add``
                 self._check(part)

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from .errors import (
+from ..errors import (
     AlreadyExistsError,
     CorruptError,
     NotFoundError,
@@ -31,10 +31,10 @@ from .errors import (
     TagNotFoundError,
     VersionExpiredError,
 )
-from .format import manifest as fmt
-from .format.manifest import ExpiredRange, LeaseRecord, Manifest, Retention, Tag
-from .storage import Storage
-from .txn import VersionLog
+from ..format import manifest as fmt
+from ..format.manifest import ExpiredRange, LeaseRecord, Manifest, Retention, Tag
+from ..storage import Storage
+from ..txn import VersionLog
 
 TAGS = "refs/tags/"
 LEASES = "refs/leases/"

@@ -17,14 +17,14 @@ from typing import Any
 
 import msgspec
 
-from .errors import ConflictError, EncodeError
-from .format.builder import ChunkBuilder
-from .format.codec import FrameCompressor
-from .format.manifest import ChunkRef, FieldFile, Manifest, StoreConfig
+from ..errors import ConflictError, EncodeError
+from ..format.builder import ChunkBuilder
+from ..format.codec import FrameCompressor
+from ..format.manifest import ChunkRef, FieldFile, Manifest, StoreConfig
+from ..storage import MemoryStorage, Storage, open_storage
+from .core import Commit, Store
 from .progress import Progress
 from .snapshot import ChunkReader, Sample, sources
-from .storage import MemoryStorage, Storage, open_storage
-from .store import Commit, Store
 
 FieldFn = Callable[[Sample], dict[str, Any]]
 BatchFieldFn = Callable[[list[Sample]], list[dict[str, Any]]]

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ProcessPoolExecutor, wait
 from typing import Any
 
-from .errors import (
+from ..errors import (
     AlreadyExistsError,
     CommitStateUnknownError,
     EncodeError,
@@ -28,14 +28,14 @@ from .errors import (
     StoreNotFoundError,
     TxstoreError,
 )
-from .format.manifest import StoreConfig
+from ..format.manifest import StoreConfig
+from ..format.units import parse_size
+from ..storage import LocalStorage, MemoryStorage, Storage, open_storage
+from .core import DEFAULT_BLOCK_BYTES, DEFAULT_COMPRESSION_LEVEL, Commit, Store, create
+from .core import open as open_store
 from .progress import Progress
 from .snapshot import ChunkReader
 from .staging import StagedPart, StagedWriter, Transaction, TransactionHandle, check_part
-from .storage import LocalStorage, MemoryStorage, Storage, open_storage
-from .store import DEFAULT_BLOCK_BYTES, DEFAULT_COMPRESSION_LEVEL, Commit, Store, create
-from .store import open as open_store
-from .units import parse_size
 
 MODES = (None, "append", "overwrite")
 

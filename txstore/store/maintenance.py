@@ -20,15 +20,15 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import NamedTuple, TypeVar
 
-from .errors import ConflictError, CorruptError, TxstoreError
-from .format import manifest as fmt
-from .format.manifest import ChunkRef, Manifest, Retention, SegmentRef
+from ..errors import ConflictError, CorruptError, RetriesExhaustedError, TxstoreError
+from ..format import manifest as fmt
+from ..format.manifest import ChunkRef, Manifest, Retention, SegmentRef
+from ..format.units import parse_duration
+from ..storage import FileInfo, Storage
+from ..storage.local import TEMP_PREFIX
+from ..txn import VersionLog
 from .refs import LEASES, RETENTION_KEY, Refs, find_expired, lease_key, with_expired
 from .segments import Segments
-from .storage import FileInfo, Storage
-from .storage.local import TEMP_PREFIX
-from .txn import VersionLog
-from .units import parse_duration
 
 #: (stage, done, total): called as long work advances; the CLI draws a progress line from it.
 Progress = Callable[[str, int, int], None]
@@ -286,7 +286,7 @@ def expire(
         except ConflictError:
             continue  # another expire (or vacuum) changed the record: recompute
         return report
-    raise ConflictError(f"gave up expiring {log.storage.uri}: the retention record kept changing")
+    raise RetriesExhaustedError(f"gave up expiring {log.storage.uri}: the retention record kept changing")
 
 
 # -- vacuum ----------------------------------------------------------------------------------

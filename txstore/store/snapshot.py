@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from itertools import accumulate
 from typing import TYPE_CHECKING, Any, overload
 
-from .errors import ChecksumError, CorruptError, MissingDataError, NotFoundError
-from .format import manifest as fmt
-from .format.chunk import (
+from ..errors import ChecksumError, CorruptError, MissingDataError, NotFoundError
+from ..format import manifest as fmt
+from ..format.chunk import (
     ChunkLayout,
     FileBytes,
     Ranges,
@@ -24,16 +24,15 @@ from .format.chunk import (
     parse_footer,
     select_frames,
 )
-from .format.codec import chunk_digest, crc32
-from .format.manifest import ChunkRef, Manifest
-from .format.values import ABSENT, ValueDecoder
+from ..format.codec import chunk_digest, crc32
+from ..format.manifest import ChunkRef, Manifest
+from ..format.values import ABSENT, ValueDecoder
+from ..storage import Storage, open_storage
+from .lease import Lease, lease_version
 from .segments import Segments
-from .storage import Storage, open_storage
 
 if TYPE_CHECKING:
     from datetime import timedelta
-
-    from .lease import Lease
 
 Sample = dict[str, Any]
 _LAYOUT_CACHE = 1024
@@ -342,8 +341,6 @@ class Snapshot(Sequence[Sample]):
     def lease(self, ttl: float | str | timedelta = "6h") -> Lease:
         """Protect this version from expiry and vacuum while a job reads it (a ``with``
         block, renewed in the background; see ``Store.lease``)."""
-        from .lease import lease_version  # leases sit above snapshots in the layering
-
         return lease_version(self._storage, self.manifest, ttl=ttl)
 
     def reopen(self) -> Snapshot:
@@ -421,7 +418,7 @@ class Snapshot(Sequence[Sample]):
                     known |= found
                 if wanted <= known:
                     return
-        from .errors import FieldNotFoundError  # kept beside its one use
+        from ..errors import FieldNotFoundError  # kept beside its one use
 
         raise FieldNotFoundError(self._no_such_fields(sorted(wanted - known), known))
 

@@ -17,11 +17,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from .errors import CorruptError, NotFoundError, StoreNotFoundError, TxstoreError
-from .format import manifest as fmt
-from .format.chunk import check_file, check_offset_tables, parse_footer
-from .format.codec import crc32
-from .format.manifest import LeaseRecord, Retention, Tag, TxnMarker
+from ..errors import CorruptError, NotFoundError, StoreNotFoundError, TxstoreError
+from ..format import manifest as fmt
+from ..format.chunk import check_file, check_offset_tables, parse_footer
+from ..format.codec import crc32
+from ..format.manifest import LeaseRecord, Retention, Tag, TxnMarker
+from ..storage import FileInfo, Storage
+from ..txn import VersionLog, manifest_key, txn_marker_key
 from .maintenance import (
     DataFile,
     Problem,
@@ -38,8 +40,6 @@ from .maintenance import (
 from .refs import LEASES, RETENTION_KEY, TAGS, Refs, is_tag_key
 from .segments import Segments
 from .snapshot import Snapshot
-from .storage import FileInfo, Storage
-from .txn import VersionLog, manifest_key, txn_marker_key
 
 #: What a verify reads: ``quick`` the metadata and each data file's footer, ``contents``
 #: (the default) every byte of every data file too, ``deep`` also decodes every sample.

@@ -38,13 +38,13 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate, default_convert
 
-from .errors import MissingDataError, ResumeMismatchError, TxstoreError
-from .format.manifest import ChunkRef
-from .snapshot import ChunkReader, Fetched, Sample, Snapshot, sources
-from .storage import LocalStorage, MemoryStorage
-from .store import open as open_store
-from .torch_transport import BytesPool, Receiver, pack, unpack
-from .units import parse_duration, parse_size
+from ..errors import MissingDataError, ResumeMismatchError, TxstoreError
+from ..format.manifest import ChunkRef
+from ..format.units import parse_duration, parse_size
+from ..storage import LocalStorage, MemoryStorage
+from ..store.core import open as open_store
+from ..store.snapshot import ChunkReader, Fetched, Sample, Snapshot, sources
+from .transport import BytesPool, Receiver, pack, unpack
 
 STATE_FORMAT = 1
 #: A local chunk's files, mapped ahead on the decoding thread, or why they could not be.

@@ -12,11 +12,11 @@ import threading
 import uuid
 from collections import OrderedDict
 
-from .errors import ChecksumError, MissingDataError, NotFoundError
-from .format import manifest as fmt
-from .format.codec import crc32
-from .format.manifest import ChunkRef, Segment, SegmentRef
-from .storage import Storage
+from ..errors import ChecksumError, MissingDataError, NotFoundError
+from ..format import manifest as fmt
+from ..format.codec import crc32
+from ..format.manifest import ChunkRef, Segment, SegmentRef
+from ..storage import Storage
 
 MAX_SEGMENT_CHUNKS = 4096
 _CACHE_SEGMENTS = 256

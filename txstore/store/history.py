@@ -18,9 +18,9 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from .errors import ConflictError, CorruptError, TxstoreError
-from .format.manifest import Manifest
-from .txn import VersionLog
+from ..errors import ConflictError, CorruptError, TxstoreError
+from ..format.manifest import Manifest
+from ..txn import VersionLog
 
 
 @dataclass(frozen=True)
@@ -170,7 +170,7 @@ def _step(log: VersionLog, m: Manifest) -> tuple[int, int]:
         if m.source_version is None or not 0 <= m.source_version < m.version:
             raise CorruptError(f"version {m.version} of {log.storage.uri} is a bad rollback")
         return m.source_version, 0
-    raise TxstoreError(
+    raise UnsupportedFormatError(
         f"cannot diff across version {m.version} of {log.storage.uri}: unknown operation "
         f"{m.operation!r} (upgrade txstore)"
     )

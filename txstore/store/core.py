@@ -13,8 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from .compact import Compaction, CompactResult
-from .errors import (
+from ..errors import (
     AlreadyExistsError,
     ConflictError,
     CorruptError,
@@ -23,8 +22,12 @@ from .errors import (
     TxstoreError,
     VersionNotFoundError,
 )
-from .format import manifest as fmt
-from .format.manifest import ChunkRef, Manifest, StoreConfig
+from ..format import manifest as fmt
+from ..format.manifest import ChunkRef, Manifest, StoreConfig
+from ..format.units import parse_duration, parse_size
+from ..storage import Storage, open_storage
+from ..txn import CommitResult, RetryPolicy, VersionLog, commit, manifest_key
+from .compact import Compaction, CompactResult
 from .history import Commit as Commit  # re-exported: txstore.store.Commit is public
 from .history import Diff, HistoryGuard, RollbackBuild, diff
 from .lease import DEFAULT_TTL, Lease
@@ -40,9 +43,6 @@ from .maintenance import (
 from .refs import LeaseInfo, Refs, TagInfo
 from .segments import MAX_SEGMENT_CHUNKS, Segments
 from .snapshot import ChunkReader, Snapshot
-from .storage import Storage, open_storage
-from .txn import CommitResult, RetryPolicy, VersionLog, commit, manifest_key
-from .units import parse_duration, parse_size
 from .verify import VerifyReport, verify
 from .writer import ChunkWriter
 

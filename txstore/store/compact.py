@@ -18,13 +18,13 @@ import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-from .errors import ConflictError, CorruptError
-from .format.manifest import ChunkRef, Manifest, SegmentRef
+from ..errors import ConflictError, CorruptError
+from ..format.manifest import ChunkRef, Manifest, SegmentRef
+from ..txn import CommitResult, RetryPolicy, VersionLog, commit
 from .history import Commit
 from .maintenance import Progress, data_files, no_progress
 from .segments import MAX_SEGMENT_CHUNKS, Segments
 from .snapshot import ChunkReader, Sample, Snapshot
-from .txn import CommitResult, RetryPolicy, VersionLog, commit
 from .writer import ChunkWriter
 
 #: A chunk this close to ``chunk_bytes`` counts as full and is left alone.

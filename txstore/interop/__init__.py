@@ -1,0 +1,1 @@
+"""Faces of the store for other engines and formats (Ray Data)."""

@@ -661,7 +661,7 @@ def build_history(
     if version == 0:
         version, _ = timed_append(store, feed)
         made += 1
-    (template,) = store.snapshot(1).chunks()
+    (template,) = store.snapshot(1).chunk_refs()
     chunks = (template,) * chunks_per_version
     while version < target:
         start = store.snapshot().manifest

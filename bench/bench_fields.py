@@ -397,7 +397,7 @@ def stored_column_bytes(path: Path, version: int) -> dict[str, int]:
     store = txstore.open(str(path))
     reader = store.snapshot(version).reader
     sums: dict[str, int] = {}
-    for chunk in store.snapshot(version).chunks():
+    for chunk in store.snapshot(version).chunk_refs():
         for src in chunk_files(chunk):
             layout = reader.layout(src, version)
             for block in layout.footer.blocks:

@@ -114,7 +114,7 @@ def shared_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
     return make_backend(request.param, tmp_path, request)
 
 
-# -- added for issue 4: soak options, a second S3 server (ministack) --------------------------
+# -- soak options, a second S3 server (ministack) ---------------------------------------------
 
 MINISTACK = "ministack==1.5.33"  # pins botocore 1.43.106: it gets a virtualenv of its own
 

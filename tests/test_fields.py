@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import txstore
-from txstore.errors import ConflictError
+from txstore.errors import HistoryChangedError
 from txstore.storage import Storage, open_storage
 from txstore.torch import StreamingDataLoader, StreamingDataset
 
@@ -175,8 +175,9 @@ def test_other_changes_during_add_fields_conflict(tmp_path: Path) -> None:
             raced.append(racer.drop_fields(["caption"]))
         return {"latent_256": sample["id"]}
 
-    with pytest.raises(ConflictError, match="more than appends"):
+    with pytest.raises(HistoryChangedError, match="run add_fields again") as raised:
         store.add_fields(latent, ["latent_256"])
+    assert (raised.value.version, raised.value.operation) == (2, "drop_fields")
     assert store.version == 2 and "latent_256" not in store.snapshot()[0]
 
 

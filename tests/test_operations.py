@@ -15,6 +15,7 @@ import pytest
 import txstore
 from txstore.errors import (
     ConflictError,
+    HistoryChangedError,
     MissingDataError,
     TagExistsError,
     TagNotFoundError,
@@ -120,8 +121,9 @@ def test_rollback_keeps_history_and_diff_explains_it(backend: Backend) -> None:
 
     with pytest.raises(ValueError, match="latest"):
         store.rollback(8)
-    with pytest.raises(ConflictError, match="moved"):
+    with pytest.raises(HistoryChangedError, match="roll back again") as raised:
         store.rollback(2, expected_version=7)  # the caller looked at 7; 8 landed since
+    assert (raised.value.version, raised.value.operation) == (8, "append")
     assert store.version == 8
     with pytest.raises(VersionNotFoundError):
         store.rollback(42)

@@ -8,15 +8,19 @@ from .errors import (
     CorruptError,
     EncodeError,
     FieldNotFoundError,
+    HistoryChangedError,
     InputError,
     MissingDataError,
     NotFoundError,
+    RefChangedError,
     ResumeMismatchError,
+    RetriesExhaustedError,
     StorageError,
     StoreExistsError,
     StoreNotFoundError,
     TagExistsError,
     TagNotFoundError,
+    TransactionClosedError,
     TxstoreError,
     UnsupportedFormatError,
     VersionExpiredError,
@@ -26,7 +30,7 @@ from .store.core import Commit, Store, create, open
 from .store.ingest import optimize
 from .store.lease import Lease
 from .store.snapshot import Snapshot
-from .store.staging import Transaction
+from .store.staging import StagedPart, StagedWriter, Transaction, TransactionHandle
 
 __version__ = "0.1.0"
 
@@ -57,12 +61,17 @@ __all__ = [
     "CorruptError",
     "EncodeError",
     "FieldNotFoundError",
+    "HistoryChangedError",
     "InputError",
     "Lease",
     "MissingDataError",
     "NotFoundError",
+    "RefChangedError",
     "ResumeMismatchError",
+    "RetriesExhaustedError",
     "Snapshot",
+    "StagedPart",
+    "StagedWriter",
     "StorageError",
     "Store",
     "StoreExistsError",
@@ -72,6 +81,8 @@ __all__ = [
     "TagExistsError",
     "TagNotFoundError",
     "Transaction",
+    "TransactionClosedError",
+    "TransactionHandle",
     "TxstoreError",
     "UnsupportedFormatError",
     "VersionExpiredError",

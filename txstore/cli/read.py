@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
 from ..store.core import Store
-from ..store.history import Commit, Diff
+from ..store.history import Diff
 from .output import (
     EXIT_DAMAGED,
     EXIT_OK,
@@ -64,14 +65,13 @@ def _cmd_log(store: Store, args: argparse.Namespace) -> int:
 
 
 def _cmd_show(store: Store, args: argparse.Namespace) -> int:
-    manifest = store.manifest(args.ref)
-    v = manifest.version
-    commit = Commit.from_manifest(manifest)
+    commit = store.commit_info(args.ref)
+    v = commit.version
     expired = v in store.expired_versions()
     info: dict[str, Any] = {
         **_commit_json(commit),
-        "parent": manifest.parent,
-        "source_version": manifest.source_version,
+        "parent": commit.parent,
+        "source_version": commit.source_version,
         "expired": expired,
         "tags": [t.name for t in store.tags().values() if t.version == v],
         "leases": [
@@ -79,22 +79,23 @@ def _cmd_show(store: Store, args: argparse.Namespace) -> int:
             for lease in store.leases()
             if lease.version == v and lease.active
         ],
-        "segments": len(manifest.segments),
-        "config": {f: getattr(manifest.config, f) for f in manifest.config.__struct_fields__},
+        "config": dataclasses.asdict(store.config),
     }
     if not expired:
-        chunks = store.snapshot(v).chunks()
+        snap = store.snapshot(v)
+        chunks = snap.chunks()
+        info["segments"] = len(snap.manifest.segments)
         info["chunks"] = len(chunks)
-        info["bytes"] = sum(c.size + sum(f.size for f in c.field_files) for c in chunks)
+        info["bytes"] = sum(c.total_size for c in chunks)
     if args.json:
         _print_json(info)
         return EXIT_OK
     print(f"version {v}  ({commit.operation}, commit {commit.commit_id})")
     print(f"date:       {_when(commit.timestamp)} UTC")
-    if manifest.parent is not None:
-        print(f"parent:     {manifest.parent}")
-    if manifest.source_version is not None:
-        print(f"source:     version {manifest.source_version}")
+    if commit.parent is not None:
+        print(f"parent:     {commit.parent}")
+    if commit.source_version is not None:
+        print(f"source:     version {commit.source_version}")
     print(f"samples:    {commit.total_samples:,} ({commit.num_samples:+,})")
     if commit.txn_id:
         print(f"txn_id:     {commit.txn_id}")
@@ -124,9 +125,7 @@ def _cmd_info(store: Store, args: argparse.Namespace) -> int:
         "chunks": len(chunks),
         "bytes": sum(c.size for c in chunks),
         "segments": len(snap.manifest.segments),
-        "config": {
-            f: getattr(snap.manifest.config, f) for f in snap.manifest.config.__struct_fields__
-        },
+        "config": dataclasses.asdict(snap.config),
     }
     if args.json:
         _print_json(info)

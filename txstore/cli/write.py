@@ -43,16 +43,16 @@ def _cmd_untag(store: Store, args: argparse.Namespace) -> int:
 
 
 def _cmd_rollback(store: Store, args: argparse.Namespace) -> int:
-    latest = store.manifest()
-    target = store.manifest(args.ref)
+    latest = store.commit_info()
+    target = store.commit_info(args.ref)
     if target.version == latest.version:
         raise _UsageError(f"version {target.version} is the latest already: nothing to roll back")
     if target.version in store.expired_versions():
         store.snapshot(target.version)  # raises VersionExpiredError with the details
     _confirm(
         args,
-        f"Roll {store.uri} back from version {latest.version} ({latest.num_samples:,} samples) "
-        f"to the content of version {target.version} ({target.num_samples:,} samples)?",
+        f"Roll {store.uri} back from version {latest.version} ({latest.total_samples:,} samples) "
+        f"to the content of version {target.version} ({target.total_samples:,} samples)?",
     )
     commit = store.rollback(target.version, message=args.message, expected_version=latest.version)
     if args.json:

@@ -87,12 +87,12 @@ class TxstoreDatasource(Datasource):
         self._snapshot = snapshot if fields is None else snapshot.select(fields)
 
     def estimate_inmemory_data_size(self) -> int | None:
-        return sum(c.size for c in self._snapshot.chunks())
+        return sum(c.size for c in self._snapshot.chunk_refs())
 
     def get_read_tasks(
         self, parallelism: int, per_task_row_limit: int | None = None, data_context: Any = None
     ) -> list[ReadTask]:
-        chunks = self._snapshot.chunks()
+        chunks = self._snapshot.chunk_refs()
         if not chunks:
             return []
         groups = max(1, min(parallelism, len(chunks)))

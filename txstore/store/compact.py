@@ -115,7 +115,7 @@ class Compaction:
     ) -> CompactResult:
         base = self.log.latest()
         snap = self.ctx.snapshot(base)
-        chunks = snap.chunks()
+        chunks = snap.chunk_refs()
         runs = plan(chunks, base.config.chunk_bytes)
         estimate = len(chunks) - sum(r.chunks - r.target_chunks for r in runs)
         if dry_run or not runs:

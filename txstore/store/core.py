@@ -55,6 +55,7 @@ from .segments import Segments
 from .snapshot import ChunkReader, Snapshot
 from .staging import Transaction, TransactionHandle
 from .verify import VerifyReport, verify
+from .views import Config
 from .writer import ChunkWriter
 
 #: A version number, or the name of a tag.
@@ -87,8 +88,9 @@ class Store:
         return self._ctx.log.latest_version()
 
     @property
-    def config(self) -> StoreConfig:
-        return self._ctx.log.latest().config
+    def config(self) -> Config:
+        """The store's settings, fixed when it was created."""
+        return Config.from_struct(self._ctx.log.latest().config)
 
     def __repr__(self) -> str:
         return f"<txstore.Store {self.uri}>"
@@ -103,14 +105,12 @@ class Store:
         manifest = self._ctx.log.latest() if version is None else self._manifest(version)
         return self._ctx.snapshot(manifest)
 
-    def manifest(self, version: Ref | None = None) -> Manifest:
-        """The manifest of a version or tag (default: the latest), expired versions too:
-        manifests are never deleted."""
-        return (
-            self._ctx.log.latest()
-            if version is None
-            else self._manifest(version, check_expired=False)
-        )
+    def commit_info(self, version: Ref | None = None) -> Commit:
+        """The commit that made a version or tag (default: the latest), expired versions
+        too: the history of commits is never deleted."""
+        if version is None:
+            return Commit.from_manifest(self._ctx.log.latest())
+        return Commit.from_manifest(self._manifest(version, check_expired=False))
 
     def tag_info(self, name: str) -> TagInfo:
         """One tag; ``TagNotFoundError`` if there is none."""
@@ -215,7 +215,7 @@ class Store:
         progress: bool = False,
     ) -> Commit:
         """Commit a version whose samples also have ``fields`` computed by ``fn``, stored
-        beside the chunks without rewriting them (see ``txstore.fields.add_fields``)."""
+        beside the chunks without rewriting them (see ``txstore.store.fields.add_fields``)."""
         return add_fields(
             self._ctx,
             fn,

@@ -9,10 +9,9 @@ up with a ``HistoryChangedError`` only if the history changed otherwise, e.g. a 
 
 from __future__ import annotations
 
-import multiprocessing
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from concurrent.futures import Executor, Future
 from typing import Any
 
 from ..errors import ConflictError, EncodeError, RetriesExhaustedError
@@ -23,6 +22,7 @@ from ..format.manifest import ChunkRef, FieldFile, Manifest, StoreConfig, chunk_
 from ..storage import MemoryStorage, Storage, open_storage
 from ..txn.rules import Rebase
 from .context import StoreContext
+from .forkpool import fork_pool, job
 from .history import Commit
 from .progress import Progress
 from .snapshot import ChunkReader, Sample
@@ -126,26 +126,9 @@ def _commit_rewrite(
     return Commit.from_manifest(result.manifest)
 
 
-#: The user's function inside a worker process, set once by the pool's initializer.
-_worker_fn: Callable[..., Any] | None = None
-
-
-def _set_worker_fn(fn: Callable[..., Any]) -> None:
-    global _worker_fn
-    _worker_fn = fn
-
-
 def _pool(num_workers: int, fn: Callable[..., Any]) -> Executor | None:
-    if num_workers <= 0:
-        return None
-    # fork, and the function handed over by the initializer: it is inherited, not pickled,
-    # so closures and loaded models work.
-    return ProcessPoolExecutor(
-        num_workers,
-        mp_context=multiprocessing.get_context("fork"),
-        initializer=_set_worker_fn,
-        initargs=(fn,),
-    )
+    # Forked, with the function inherited: closures and loaded models work.
+    return fork_pool(num_workers, fn) if num_workers > 0 else None
 
 
 def add_fields(
@@ -173,7 +156,7 @@ def add_fields(
     try:
         for _ in range(_MAX_ROUNDS):
             parent = ctx.log.latest()
-            chunks = ctx.snapshot(parent).chunks()
+            chunks = ctx.snapshot(parent).chunk_refs()
             todo = [c for c in chunks if c.path not in done]
             firsts = _first_positions(chunks)
             report = Progress("add_fields", sum(c.num_samples for c in todo), enabled=progress)
@@ -245,10 +228,9 @@ def _compute_in_worker(
     batched: bool,
     first: int,
 ) -> tuple[str, FieldFile]:
-    assert _worker_fn is not None
     # A storage client of the worker's own: s3fs clients and open files do not survive fork.
     storage = open_storage(uri, options or None)
-    return compute_field_file(storage, chunk, version, config, _worker_fn, names, batched, first)
+    return compute_field_file(storage, chunk, version, config, job(), names, batched, first)
 
 
 def drop_fields(ctx: StoreContext, fields: Iterable[str], *, message: str | None = None) -> Commit:
@@ -257,7 +239,7 @@ def drop_fields(ctx: StoreContext, fields: Iterable[str], *, message: str | None
     names = _check_names(fields)
     for _ in range(_MAX_ROUNDS):
         parent = ctx.log.latest()
-        chunks = [_with_field_file(c, None, names) for c in ctx.snapshot(parent).chunks()]
+        chunks = [_with_field_file(c, None, names) for c in ctx.snapshot(parent).chunk_refs()]
         try:
             return _commit_rewrite(ctx, parent, chunks, "drop_fields", message)
         except ConflictError:

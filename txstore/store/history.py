@@ -30,6 +30,9 @@ class Commit:
     operation: str
     txn_id: str | None
     commit_id: str
+    parent: int | None = None  #: the version it was committed on (None for version 0)
+    #: the version a rollback restored or a compaction rewrote
+    source_version: int | None = None
 
     @classmethod
     def from_manifest(cls, m: Manifest) -> Commit:
@@ -42,6 +45,8 @@ class Commit:
             operation=m.operation,
             txn_id=m.txn_id,
             commit_id=m.commit_id,
+            parent=m.parent,
+            source_version=m.source_version,
         )
 
 

@@ -11,12 +11,11 @@ nothing is committed.
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
 import os
 import re
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import FIRST_EXCEPTION, Future, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_EXCEPTION, Future, wait
 from typing import Any
 
 from ..errors import (
@@ -38,6 +37,7 @@ from ..format.units import parse_size
 from ..storage import LocalStorage, MemoryStorage, Storage, open_storage
 from .core import Commit, Store, create
 from .core import open as open_store
+from .forkpool import FORK, fork_pool, job
 from .progress import Progress
 from .snapshot import ChunkReader
 from .staging import StagedPart, StagedWriter, TransactionHandle, check_part
@@ -145,17 +145,8 @@ def _report(counter: Any, n: int) -> None:
 
 # What a worker process inherits from the parent at fork (never pickled): the function,
 # the inputs, the shared progress counter and the stop flag.
-_job: tuple[Callable[[Any], Any], Sequence[Any], Any, Any] | None = None
-
-
-def _set_job(fn: Callable[[Any], Any], inputs: Sequence[Any], counter: Any, flag: Any) -> None:
-    global _job
-    _job = (fn, inputs, counter, flag)
-
-
 def _write_share(handle_json: bytes, start: int, stop: int) -> bytes:
-    assert _job is not None
-    fn, inputs, counter, flag = _job
+    fn, inputs, counter, flag = job()
     writer = StagedWriter(TransactionHandle.from_json(handle_json))
     try:
         return _write(writer, _Samples(fn, inputs, start, stop, counter, flag)).to_json()
@@ -190,7 +181,7 @@ def _target(storage: Storage, mode: str | None, config: StoreConfig) -> Store | 
 def _left_empty(store: Store, config: StoreConfig) -> bool:
     """Whether ``store`` is what a run with these settings leaves when the storage fails (or
     the process dies) between making the store and committing to it: version 0 alone."""
-    latest = store.manifest()
+    latest = store.snapshot().manifest
     return latest.version == 0 and latest.num_samples == 0 and latest.config == config
 
 
@@ -389,16 +380,11 @@ def _run_workers(
 ) -> None:
     """Write the inputs' samples in worker processes, adding their parts to ``parts`` (also
     those of the workers that finished when another failed, for the caller to delete)."""
-    ctx = multiprocessing.get_context("fork")  # fn and inputs are inherited, not pickled
-    counter, stop_flag = ctx.Value("q", 0), ctx.Value("b", 0, lock=False)  # a flag needs none
+    # fn and inputs are inherited, not pickled; a flag needs no lock
+    counter, stop_flag = FORK.Value("q", 0), FORK.Value("b", 0, lock=False)
     shares = _shares(len(items), num_workers)
     handle_json = handle.to_json()
-    with ProcessPoolExecutor(
-        max(1, len(shares)),
-        mp_context=ctx,
-        initializer=_set_job,
-        initargs=(fn, items, counter, stop_flag),
-    ) as pool:
+    with fork_pool(len(shares), (fn, items, counter, stop_flag)) as pool:
         futures: list[Future[bytes]] = [
             pool.submit(_write_share, handle_json, a, b) for a, b in shares
         ]

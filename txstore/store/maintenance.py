@@ -13,7 +13,6 @@ protects the files of writers still at work: no version names their chunks until
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -27,7 +26,8 @@ from ..format.units import parse_duration
 from ..storage import FileInfo, Storage
 from ..storage.local import TEMP_PREFIX
 from ..txn import VersionLog
-from .refs import LEASES, RETENTION_KEY, Refs, find_expired, lease_key, with_expired
+from ..txn.log import version_of_key
+from .refs import RETENTION_KEY, Refs, find_expired, lease_key, with_expired
 from .segments import Segments
 
 #: (stage, done, total): called as long work advances; the CLI draws a progress line from it.
@@ -300,6 +300,13 @@ def collectable(key: str) -> bool:
     return is_temp(key) or fmt.is_data_key(key)
 
 
+def orphans(listing: Iterable[FileInfo], needed: Reach) -> list[FileInfo]:
+    """What vacuum deletes (once older than its grace) and verify reports: the collectable
+    keys that no kept version needs."""
+    keys = needed.keys
+    return [f for f in listing if f.key not in keys and collectable(f.key)]
+
+
 def vacuum(
     log: VersionLog,
     segments: Segments,
@@ -326,17 +333,9 @@ def vacuum(
         _refuse_if_damaged(storage, more)
         needed.segments.update(more.segments)
         needed.files.update(more.files)
-    keys = needed.keys
     lapsed = {lease_key(lease_id) for lease_id, lease in refs.leases() if lease.expires_at < cutoff}
-    doomed = [
-        f
-        for f in listing
-        if f.mtime < cutoff
-        and (
-            (f.key not in keys and collectable(f.key))
-            or (f.key.startswith(LEASES) and f.key in lapsed)
-        )
-    ]
+    doomed = [f for f in orphans(listing, needed) if f.mtime < cutoff]
+    doomed += [f for f in listing if f.mtime < cutoff and f.key in lapsed]
     if not dry_run:
         parallel(lambda f: storage.delete(f.key), doomed, "deleting", progress)
     return VacuumReport(
@@ -348,12 +347,9 @@ def vacuum(
     )
 
 
-_MANIFEST_KEY = re.compile(r"versions/index\.v(0|[1-9][0-9]{0,17})\.json")
-
-
 def listed_versions(listing: Iterable[FileInfo]) -> set[int]:
     """The versions whose manifests a listing holds."""
-    return {int(m.group(1)) for f in listing if (m := _MANIFEST_KEY.fullmatch(f.key))}
+    return {v for f in listing if (v := version_of_key(f.key)) is not None}
 
 
 def _refuse_if_chain_broken(storage: Storage, listing: list[FileInfo], latest: int) -> None:

@@ -3,7 +3,7 @@
 - ``refs/tags/<name>.json`` names a version. Created put-if-absent; moved only when asked,
   by compare-and-swap.
 - ``refs/leases/<id>.json`` pins a version for a running job until ``expires_at``; renewed by
-  rewriting it, deleted on release (txstore/lease.py).
+  rewriting it, deleted on release (txstore/store/lease.py).
 - ``refs/retention.json`` records which versions ``expire`` expired, and when
   (compare-and-swap).
 

@@ -30,6 +30,7 @@ from ..format.values import ABSENT, ValueDecoder
 from ..storage import Storage, open_storage
 from .lease import Lease, lease_version
 from .segments import Segments
+from .views import ChunkInfo, Config
 
 if TYPE_CHECKING:
     from datetime import timedelta
@@ -373,7 +374,7 @@ class Snapshot(Sequence[Sample]):
         only."""
         if not wanted or not len(self):
             return  # none asked for, or no sample to have one
-        chunks = self.chunks()
+        chunks = self.chunk_refs()
         known: set[str] = set()
         for chunk in chunks:
             for extra in chunk.field_files:
@@ -464,9 +465,19 @@ class Snapshot(Sequence[Sample]):
             loaded = self._loaded[number] = _LoadedSegment(chunks, starts)
         return loaded
 
-    def chunks(self) -> list[ChunkRef]:
+    def chunks(self) -> list[ChunkInfo]:
         """Every chunk of this version, in sample order."""
+        return [ChunkInfo.from_ref(c) for c in self.chunk_refs()]
+
+    def chunk_refs(self) -> list[ChunkRef]:
+        """Every chunk of this version as the format records it (for txstore's own layers:
+        it changes with the format)."""
         return [c for i in range(len(self.manifest.segments)) for c in self._segment(i).chunks]
+
+    @property
+    def config(self) -> Config:
+        """The settings of the store the version belongs to."""
+        return Config.from_struct(self.manifest.config)
 
     @overload
     def __getitem__(self, index: int) -> Sample: ...
@@ -494,7 +505,7 @@ class Snapshot(Sequence[Sample]):
         )
 
     def __iter__(self) -> Iterator[Sample]:
-        return self.iter_chunks(self.chunks())
+        return self.iter_chunks(self.chunk_refs())
 
     def iter_chunks(self, chunks: Sequence[ChunkRef]) -> Iterator[Sample]:
         """The samples of ``chunks`` in order, reading the next chunk while decoding one."""

@@ -27,9 +27,9 @@ from ..txn import VersionLog, manifest_key, txn_marker_key
 from .maintenance import (
     Problem,
     Progress,
-    collectable,
     listed_versions,
     no_progress,
+    orphans,
     parallel,
     reach,
     read_manifests,
@@ -224,9 +224,8 @@ def verify(
             else:
                 samples += got
 
-    keys = needed.keys
     # Exactly what vacuum would consider deleting.
-    orphans = [f for key, f in listing.items() if key not in keys and collectable(key)]
+    unneeded = orphans(listing.values(), needed)
     return VerifyReport(
         latest=latest,
         versions=len(keep),
@@ -235,7 +234,7 @@ def verify(
         bytes=sum(f.size for f in files),
         samples=samples,
         problems=_unique(problems),
-        orphans=orphans,
+        orphans=unneeded,
         deep=deep,
         level=level,
     )

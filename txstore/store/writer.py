@@ -22,20 +22,17 @@ from ..storage import Storage
 
 #: Chunks built but not yet stored; bounds memory to a few chunks whatever the input size.
 #: Each is stored by a thread of its own, and one more thread stores the chunk being built:
-#: while some wait for their chunk's fsync (or an S3 PUT), another writes. Measured with a
-#: pool of upload threads (W2 append, 2 GB): 1 thread 1.3-1.4 s, 2 threads 1.2-1.4 s, 4
-#: threads 0.94-1.18 s, as fast as one plain file written and fsynced once. A thread costs
-#: about 100 µs to start, nothing next to a chunk's fsync.
+#: while some wait for their chunk's fsync (or an S3 PUT), another writes. Four keep large
+#: appends as fast as one plain file written and fsynced once (bench/bench_append.py); a
+#: thread costs little to start next to a chunk's fsync.
 MAX_PENDING_UPLOADS = 4
 #: Samples of a list handed to the builder at once.
 MAX_BATCH = 256
 #: Bytes a chunk grows by between hand-offs to the thread that stores it while it is built.
-#: Its first bytes reach the disk a millisecond after the append starts, not once a whole
-#: chunk is encoded (64 MiB of W1: 33 ms). At each hand-off the encoding thread lets go of the
-#: GIL for a moment: otherwise upload threads, which need it back after every write call, wait
-#: for the interpreter's 5 ms switch interval each time, fall behind, and finish after the
-#: encoding does (W1 appends, medians of 15: 0.386 s before, 0.342 s streamed in 1 MiB steps
-#: with the yield, 0.384 s in 4 MiB steps without it).
+#: Its first bytes reach the disk soon after the append starts, not once a whole chunk is
+#: encoded. At each hand-off the encoding thread lets go of the GIL for a moment: otherwise
+#: upload threads, which need it back after every write call, wait for the interpreter's
+#: switch interval each time, fall behind, and finish after the encoding does.
 STREAM_BYTES = 1 << 20
 #: How often a thread waiting for more of a chunk checks that its writer still exists.
 _OWNER_CHECK_S = 0.5

@@ -197,11 +197,9 @@ class _ChunkFetcher:
         self._reader = self._remote if self._cache is None else ChunkReader(self._cache)
         self._max_cache_size = max_cache_size
         self._pool = ThreadPoolExecutor(max(1, ahead), thread_name_prefix="txstore-fetch")
-        # A chunk already in memory is only hashed: CPU work, which two threads beside the
-        # decoding thread on two cores took its core by turns for (W2 warm reads, default,
-        # alternated runs: 78,000-89,000 samples/s, and 101,000-106,000 with one thread for
-        # them). Chunks still on disk or remote wait on I/O, and read faster in parallel
-        # (W2 cold: 20,600-23,900 samples/s with two threads, 18,200-19,800 with one).
+        # A chunk already in memory is only hashed: CPU work, for which more threads beside
+        # the decoding thread only take its core by turns, so one does it. Chunks still on
+        # disk or remote wait on I/O, and read faster in parallel.
         self._cached_pool = ThreadPoolExecutor(1, thread_name_prefix="txstore-check")
         # Local chunks read whole are mapped on the decoding thread (``_map``).
         self._maps_whole_files = self._cache is None and snapshot.fields is None
@@ -214,9 +212,9 @@ class _ChunkFetcher:
 
     def _map(self, chunk: ChunkRef) -> Mapped:
         """A local chunk's files mapped on the decoding thread (a failure kept for ``_fetch``
-        to raise in turn). Each syscall on a prefetch thread is a GIL round trip, up to the 5 ms
+        to raise in turn). Each syscall on a prefetch thread is a GIL round trip, up to the
         switch interval behind the busy decoding thread; left there, mapping made the chunks
-        read ahead late (W2 reads, default: about 89,000 -> 94,000 samples/s, 8 runs each)."""
+        read ahead late."""
         if not self._maps_whole_files:
             return None
         try:
@@ -376,7 +374,7 @@ class StreamingDataset(IterableDataset[Any]):
         self.prefetch_chunks = prefetch_chunks
         self.epoch = 0
         self.rank, self.world_size = _distributed()
-        self._chunks = snapshot.chunks()
+        self._chunks = snapshot.chunk_refs()
         self._sizes = [c.num_samples for c in self._chunks]
         # Samples each worker skips at the start of the next iteration (set on resume).
         self.skip: dict[int, int] = {}

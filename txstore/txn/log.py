@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import re
 import threading
 from collections import OrderedDict
 
@@ -37,6 +38,15 @@ _CACHE_SIZE = 64
 
 def manifest_key(version: int) -> str:
     return f"versions/index.v{version}.json"
+
+
+_MANIFEST_KEY = re.compile(r"versions/index\.v(0|[1-9][0-9]{0,17})\.json")
+
+
+def version_of_key(key: str) -> int | None:
+    """The version whose manifest ``key`` is (``manifest_key`` read back), or None."""
+    m = _MANIFEST_KEY.fullmatch(key)
+    return None if m is None else int(m.group(1))
 
 
 def txn_marker_key(txn_id: str) -> str:

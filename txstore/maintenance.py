@@ -26,7 +26,7 @@ from .format.manifest import ChunkRef, Manifest, Retention, SegmentRef
 from .refs import LEASES, RETENTION_KEY, Refs, find_expired, lease_key, with_expired
 from .segments import Segments
 from .storage import FileInfo, Storage
-from .storage.local import TEMP_PREFIX
+from .storage.base import TEMP_PREFIX
 from .txn import VersionLog
 from .units import parse_duration
 

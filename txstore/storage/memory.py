@@ -19,6 +19,9 @@ _named_lock = threading.Lock()
 
 
 class MemoryStorage(Storage):
+    shared_across_processes = False
+    is_remote = False
+
     def __init__(self, name: str | None = None) -> None:
         self.storage_options: dict[str, Any] = {}
         self._lock = threading.Lock()

@@ -317,8 +317,9 @@ class LocalStorage(Storage):
 
     def compare_and_swap(self, key: str, data: bytes, token: str | None) -> None:
         path = self._path(key)
-        lock_path = os.path.join(self._parent(path), f".{os.path.basename(path)}.lock")
+        lock_path = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.lock")
         try:
+            self._parent(path)
             with portalocker.Lock(lock_path, "a", timeout=30, check_interval=0.002):
                 try:
                     current: str | None = _token(Path(path).read_bytes())
@@ -331,7 +332,7 @@ class LocalStorage(Storage):
                 self._forget(key)
                 _fsync_dir(os.path.dirname(path))
         except portalocker.LockException as e:
-            raise StorageError(f"cannot lock {lock_path}: {e}") from e
+            raise StorageError(f"cannot lock {self.root}/{key} ({lock_path}): {e}") from e
         except OSError as e:
             raise StorageError(f"cannot write {self.root}/{key}: {e}") from e
 

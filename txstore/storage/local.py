@@ -305,7 +305,7 @@ class LocalStorage(Storage):
         finally:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
-        self._forget(key)  # a map kept of a file deleted (by another process) since
+        self._forget(key)  # a map kept of an earlier file under the key, deleted elsewhere
         try:
             _fsync_dir(os.path.dirname(path))
         except OSError as e:

@@ -2,34 +2,33 @@
 
 from __future__ import annotations
 
-import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .base import FileInfo, Storage
+from .base import TEMP_PREFIX, FileInfo, Storage
 from .local import LocalStorage
 from .memory import MemoryStorage
+from .open import open_storage
+
+if TYPE_CHECKING:
+    from .s3 import S3Storage
 
 
-def open_storage(
-    uri: str | os.PathLike[str] | Storage, storage_options: dict[str, Any] | None = None
-) -> Storage:
-    """The backend for a URI: ``s3://bucket/prefix``, ``memory://name``, or a local path."""
-    if isinstance(uri, Storage):
-        return uri
-    text = os.fspath(uri)
-    if text.startswith("s3://"):
+def __getattr__(name: str) -> Any:
+    # S3Storage on first use: importing s3fs (and aiobotocore) costs every process that never
+    # opens an S3 store.
+    if name == "S3Storage":
         from .s3 import S3Storage
 
-        return S3Storage(text, storage_options)
-    if storage_options:
-        raise ValueError(f"storage_options only apply to remote stores, not {text!r}")
-    if text.startswith("memory://"):
-        return MemoryStorage(text.removeprefix("memory://"))
-    if text.startswith("file://"):
-        text = text.removeprefix("file://")
-    elif "://" in text:
-        raise ValueError(f"unsupported store URI {text!r}: use a path, s3:// or memory://")
-    return LocalStorage(text)
+        return S3Storage
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["FileInfo", "LocalStorage", "MemoryStorage", "Storage", "open_storage"]
+__all__ = [
+    "TEMP_PREFIX",
+    "FileInfo",
+    "LocalStorage",
+    "MemoryStorage",
+    "S3Storage",
+    "Storage",
+    "open_storage",
+]

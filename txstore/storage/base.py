@@ -1,4 +1,5 @@
-"""The storage contract every backend fulfils; tests/test_storage_conformance.py checks it."""
+"""The storage contract every backend fulfils; ``tests/storage_suite.py`` checks it, run for
+each backend by its own ``tests/test_storage_<backend>.py``."""
 
 from __future__ import annotations
 
@@ -10,6 +11,10 @@ from typing import Any, NamedTuple, TypeAlias
 #: What ``Storage.write`` takes: bytes, or buffers to store back to back, iterated once (a
 #: chunk writer hands over its parts as it makes them, so a local write copies each once).
 Data: TypeAlias = bytes | Iterable[bytes | memoryview]
+
+#: Keys whose last part starts with this are a backend's temporaries (a file written before it
+#: is published under its real name): never an object of a store, and garbage once stale.
+TEMP_PREFIX = ".tmp."
 
 
 def join(data: Data) -> bytes:
@@ -26,7 +31,7 @@ class Storage(ABC):
     """Bytes under string keys ("versions/index.v3.json") below one root.
 
     Every method raises txstore errors only: ``NotFoundError`` for a missing key,
-    ``AlreadyExistsError`` when a put-if-absent loses, ``ConflictError`` when a
+    ``AlreadyExistsError`` when a put-if-absent loses, ``RefChangedError`` when a
     compare-and-swap meets another token, ``StorageError`` for anything else. A
     ``StorageError`` from a write means the write may or may not have happened.
     """
@@ -37,6 +42,18 @@ class Storage(ABC):
     #: Reads of ranges closer than this are merged into one: 0 where a read is a cheap
     #: syscall, more where each read is a round trip.
     range_merge_gap: int = 0
+    #: Whether another process opening ``uri`` with ``storage_options`` sees the same objects
+    #: (False for a memory store, which lives in one process: worker processes cannot use it).
+    shared_across_processes: bool = True
+    #: Whether reads cross a network, so that a copy on local disk would save waiting
+    #: (False for files on this machine and for memory).
+    is_remote: bool = True
+
+    @property
+    def local_path(self) -> str | None:
+        """The local folder the objects are files under (key "a/b" is ``<local_path>/a/b``),
+        or None where they are not files on this machine."""
+        return None
 
     @abstractmethod
     def read(self, key: str) -> bytes:
@@ -54,11 +71,13 @@ class Storage(ABC):
 
     @abstractmethod
     def read_range(self, key: str, start: int, end: int) -> bytes:
-        """Bytes [start, end) of the object; shorter only if the object is shorter."""
+        """Bytes [start, end) of the object; shorter only if the object is shorter. Always of
+        the object now under the key, whichever process last wrote it."""
 
     def read_range_view(self, key: str, start: int, end: int) -> bytes | memoryview:
         """As ``read_range``; where a backend can, a view of a mapped file instead of a copy.
-        Only for objects never rewritten (chunks)."""
+        Only for objects never rewritten (chunks): a map kept from an earlier read is not
+        checked against a rewrite by another process (this process's own are seen)."""
         return self.read_range(key, start, end)
 
     def read_range_fresh(self, key: str, start: int, end: int) -> bytes:
@@ -110,6 +129,7 @@ class Storage(ABC):
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Storages cross process boundaries (DataLoader workers) as their URI and options.
-        from . import open_storage
+        # Imported here: open.py imports this module, and every backend, at its top.
+        from .open import open_storage
 
         return (open_storage, (self.uri, self.storage_options))

@@ -22,10 +22,9 @@ from typing import Any
 
 import portalocker
 
-from ..errors import AlreadyExistsError, ConflictError, NotFoundError, StorageError
-from .base import Data, FileInfo, Storage
+from ..errors import AlreadyExistsError, NotFoundError, RefChangedError, StorageError
+from .base import TEMP_PREFIX, Data, FileInfo, Storage
 
-TEMP_PREFIX = ".tmp."
 _LOCK_NAME = ".txstore.lock"
 _MAX_KEPT_MAPS = 64
 _IOV_MAX = 1024
@@ -109,17 +108,39 @@ def _token(data: bytes) -> str:
     return hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
+#: What names one file's contents: a rewrite publishes a new file (a new inode) by rename.
+#: While a map of the old file is kept, its inode cannot be reused for the new one.
+_Identity = tuple[int, int, int, int]  # st_dev, st_ino, st_size, st_mtime_ns
+
+
+def _identity(st: os.stat_result) -> _Identity:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
 class LocalStorage(Storage):
+    is_remote = False
+
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = os.path.abspath(os.fspath(root))
         self.uri = self.root
         self.storage_options: dict[str, Any] = {}
-        self._maps: OrderedDict[str, bytes | memoryview] = OrderedDict()
+        # Kept maps, most recently used last, with the identity of the file each maps.
+        self._maps: OrderedDict[str, tuple[bytes | memoryview, _Identity]] = OrderedDict()
         self._maps_lock = threading.Lock()
         self._made_dirs: set[str] = set()
 
+    @property
+    def local_path(self) -> str:
+        return self.root
+
     def _path(self, key: str) -> str:
         return os.path.join(self.root, *key.split("/"))
+
+    def _forget(self, key: str) -> None:
+        """Drop the kept map of ``key`` (its file is replaced or gone); views handed out keep
+        theirs alive."""
+        with self._maps_lock:
+            self._maps.pop(key, None)
 
     def _parent(self, path: str) -> str:
         parent = os.path.dirname(path)
@@ -154,20 +175,34 @@ class LocalStorage(Storage):
 
     def read_range_view(self, key: str, start: int, end: int) -> bytes | memoryview:
         # One sample's block out of a kept map: no syscall and no copy per read (a pread of
-        # its 64 KiB block was a third of ``snap[i]``). Maps are dropped, never closed, when
-        # evicted: views handed out keep theirs alive.
+        # its 64 KiB block was a third of ``snap[i]``). Only chunks are read so, which are
+        # never rewritten; this process's own rewrites drop the map all the same.
+        return self._kept(key, None)[start:end]
+
+    def _kept(self, key: str, identity: _Identity | None) -> bytes | memoryview:
+        """The kept map of ``key``, made now if there is none or (given the file's identity
+        now) it maps another file. Maps are dropped, never closed, when evicted: views handed
+        out keep theirs alive."""
         with self._maps_lock:
-            view = self._maps.get(key)
-            if view is not None:
+            kept = self._maps.get(key)
+            if kept is not None and (identity is None or kept[1] == identity):
                 self._maps.move_to_end(key)
-        if view is None:
-            mapped = self._map(key)
-            view = b"" if mapped is None else memoryview(mapped)
-            with self._maps_lock:
-                self._maps[key] = view
-                while len(self._maps) > _MAX_KEPT_MAPS:
-                    self._maps.popitem(last=False)
-        return view[start:end]
+                return kept[0]
+        fd = self._open(key)
+        try:
+            found = _identity(os.fstat(fd))
+            mapped = self._map_fd(key, fd)
+        except OSError as e:
+            raise StorageError(f"cannot read {self.root}/{key}: {e}") from e
+        finally:
+            os.close(fd)
+        view = b"" if mapped is None else memoryview(mapped)
+        with self._maps_lock:
+            self._maps[key] = (view, found)
+            self._maps.move_to_end(key)
+            while len(self._maps) > _MAX_KEPT_MAPS:
+                self._maps.popitem(last=False)
+        return view
 
     def read_buffer(self, key: str) -> bytes | memoryview:
         mapped = self._map(key)
@@ -219,24 +254,38 @@ class LocalStorage(Storage):
         # about 92,000 -> 99,000 samples/s).
         fd = self._open(key)
         try:
+            return self._map_fd(key, fd)
+        finally:
+            os.close(fd)
+
+    def _map_fd(self, key: str, fd: int) -> mmap.mmap | None:
+        try:
             return mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
         except ValueError:  # an empty file, which cannot be mapped
             return None
         except OSError as e:
             raise StorageError(f"cannot read {self.root}/{key}: {e}") from e
-        finally:
-            os.close(fd)
 
     def read_range(self, key: str, start: int, end: int) -> bytes:
-        # A copy out of the kept map. (A cache of open descriptors, closed on eviction, let
+        # A copy out of the kept map, once a stat says the map is of the file now under the
+        # key: another process may have replaced it (one syscall, where a fresh open, pread
+        # and close would be three). (A cache of open descriptors, closed on eviction, let
         # one thread pread a number that another had closed and a third had reused.)
-        return bytes(self.read_range_view(key, start, end))
+        try:
+            identity = _identity(os.stat(self._path(key)))
+        except FileNotFoundError:
+            self._forget(key)
+            raise NotFoundError(f"{self.root}/{key} does not exist") from None
+        except OSError as e:
+            raise StorageError(f"cannot read {self.root}/{key}: {e}") from e
+        return bytes(self._kept(key, identity)[start:end])
 
     def write(self, key: str, data: Data) -> None:
         path = self._path(key)
         try:
             tmp = self._write_temp(path, data)
             os.replace(tmp, path)
+            self._forget(key)
             _fsync_dir(os.path.dirname(path))
         except OSError as e:
             raise StorageError(f"cannot write {self.root}/{key}: {e}") from e
@@ -256,6 +305,7 @@ class LocalStorage(Storage):
         finally:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
+        self._forget(key)  # a map kept of an earlier file under the key, deleted elsewhere
         try:
             _fsync_dir(os.path.dirname(path))
         except OSError as e:
@@ -267,25 +317,33 @@ class LocalStorage(Storage):
 
     def compare_and_swap(self, key: str, data: bytes, token: str | None) -> None:
         path = self._path(key)
-        lock_path = os.path.join(self._parent(path), f".{os.path.basename(path)}.lock")
+        lock_path = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.lock")
         try:
+            self._parent(path)
             with portalocker.Lock(lock_path, "a", timeout=30, check_interval=0.002):
                 try:
                     current: str | None = _token(Path(path).read_bytes())
                 except FileNotFoundError:
                     current = None
                 if current != token:
-                    raise ConflictError(f"{self.root}/{key} changed since it was read")
+                    raise RefChangedError(f"{self.root}/{key} changed since it was read")
                 tmp = self._write_temp(path, data)
                 os.replace(tmp, path)
+                self._forget(key)
                 _fsync_dir(os.path.dirname(path))
         except portalocker.LockException as e:
-            raise StorageError(f"cannot lock {lock_path}: {e}") from e
+            raise StorageError(f"cannot lock {self.root}/{key} ({lock_path}): {e}") from e
         except OSError as e:
             raise StorageError(f"cannot write {self.root}/{key}: {e}") from e
 
     def exists(self, key: str) -> bool:
-        return os.path.exists(self._path(key))
+        try:
+            os.stat(self._path(key))  # follows a symlink, as reads do
+        except FileNotFoundError:  # also a dangling symlink
+            return False
+        except OSError as e:  # a looping link, a part of the path that is a file, EACCES
+            raise StorageError(f"cannot check {self.root}/{key}: {e}") from e
+        return True
 
     def read_range_fresh(self, key: str, start: int, end: int) -> bytes:
         fd = self._open(key)
@@ -321,15 +379,19 @@ class LocalStorage(Storage):
             try:
                 with os.scandir(path) as it:
                     entries = sorted(it, key=lambda e: e.name)
-            except OSError:  # gone meanwhile, or unreadable: nothing listed there
+            except FileNotFoundError:  # not there, or gone meanwhile: nothing listed there
                 continue
+            except OSError as e:  # unreadable, a file where a folder should be, a loop
+                raise StorageError(f"cannot list {self.root}/{prefix}: {path}: {e}") from e
             folders = []
             for entry in entries:
                 key = f"{rel}/{entry.name}" if rel else entry.name
                 try:
                     is_dir, is_link = entry.is_dir(), entry.is_symlink()
-                except OSError:
+                except FileNotFoundError:  # gone meanwhile
                     continue
+                except OSError as e:  # a looping link
+                    raise StorageError(f"cannot list {self.root}/{prefix}: {e}") from e
                 if is_dir:
                     if (key + "/").startswith(prefix) or prefix.startswith(key + "/"):
                         if is_link:
@@ -340,8 +402,10 @@ class LocalStorage(Storage):
                     continue
                 try:
                     st = entry.stat()  # follows a symlinked file
-                except OSError:  # gone meanwhile, a dangling or looping link
+                except FileNotFoundError:  # gone meanwhile, or a dangling link (as exists())
                     continue
+                except OSError as e:
+                    raise StorageError(f"cannot list {self.root}/{prefix}: {e}") from e
                 yield FileInfo(key, st.st_size, st.st_mtime)
             stack.extend(reversed(folders))
 
@@ -358,8 +422,7 @@ class LocalStorage(Storage):
         trees.append(target)
 
     def delete(self, key: str) -> None:
-        with self._maps_lock:
-            self._maps.pop(key, None)  # later reads here fail; views handed out stay valid
+        self._forget(key)  # later reads here fail; views handed out stay valid
         try:
             os.unlink(self._path(key))
         except FileNotFoundError:

@@ -8,7 +8,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from ..errors import AlreadyExistsError, ConflictError, NotFoundError
+from ..errors import AlreadyExistsError, NotFoundError, RefChangedError
 from .base import Data, FileInfo, Storage, join
 
 # Named memory stores live for the process, so "memory://name" opens what create() made.
@@ -19,6 +19,9 @@ _named_lock = threading.Lock()
 
 
 class MemoryStorage(Storage):
+    shared_across_processes = False
+    is_remote = False
+
     def __init__(self, name: str | None = None) -> None:
         self.storage_options: dict[str, Any] = {}
         self._lock = threading.Lock()
@@ -74,7 +77,7 @@ class MemoryStorage(Storage):
             current = self._objects.get(key)
             current_token = None if current is None else str(current[2])
             if current_token != token:
-                raise ConflictError(f"{self.uri}/{key} changed since it was read")
+                raise RefChangedError(f"{self.uri}/{key} changed since it was read")
             self._objects[key] = (bytes(data), time.time(), next(_generation))
 
     def exists(self, key: str) -> bool:

@@ -14,7 +14,7 @@ from typing import Any
 import s3fs
 from fsspec.asyn import sync
 
-from ..errors import AlreadyExistsError, ConflictError, NotFoundError, StorageError
+from ..errors import AlreadyExistsError, NotFoundError, RefChangedError, StorageError
 from .base import Data, FileInfo, Storage, join
 
 
@@ -112,7 +112,7 @@ class S3Storage(Storage):
         except Exception as e:
             status = _http_status(e)
             if status == 412 or (status == 404 and token is not None):
-                raise ConflictError(f"{self.uri}/{key} changed since it was read") from e
+                raise RefChangedError(f"{self.uri}/{key} changed since it was read") from e
             raise StorageError(f"cannot write {self.uri}/{key}: {e}") from e
 
     def exists(self, key: str) -> bool:

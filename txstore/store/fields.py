@@ -19,7 +19,7 @@ from ..format import manifest as fmt
 from ..format.builder import ChunkBuilder
 from ..format.codec import FrameCompressor
 from ..format.manifest import ChunkRef, FieldFile, Manifest, StoreConfig, chunk_files
-from ..storage import MemoryStorage, Storage, open_storage
+from ..storage import Storage, open_storage
 from ..txn.rules import Rebase
 from .context import StoreContext
 from .forkpool import fork_pool, job
@@ -149,7 +149,7 @@ def add_fields(
     ``num_workers`` processes compute chunks in parallel.
     """
     names = _check_names(fields)
-    if num_workers > 0 and isinstance(ctx.storage, MemoryStorage):
+    if num_workers > 0 and not ctx.storage.shared_across_processes:
         raise ValueError("a memory store lives in one process: use num_workers=0")
     done: dict[str, FieldFile] = {}
     pool = _pool(num_workers, fn)

@@ -34,7 +34,7 @@ from ..format.manifest import (
     StoreConfig,
 )
 from ..format.units import parse_size
-from ..storage import LocalStorage, MemoryStorage, Storage, open_storage
+from ..storage import Storage, open_storage
 from .core import Commit, Store, create
 from .core import open as open_store
 from .forkpool import FORK, fork_pool, job
@@ -187,7 +187,7 @@ def _left_empty(store: Store, config: StoreConfig) -> bool:
 
 def _check_unused(storage: Storage) -> None:
     """Refuse a location that holds files other than a store's, before writing any there."""
-    root = storage.root if isinstance(storage, LocalStorage) else None
+    root = storage.local_path
     if root is not None and os.path.lexists(root) and not os.path.isdir(root):
         raise AlreadyExistsError(f"{storage.uri} is a file: output_dir must be a folder")
     for info in storage.list(""):
@@ -289,10 +289,11 @@ def optimize(
         raise ValueError(f"mode must be None, 'append' or 'overwrite', not {mode!r}")
     storage = open_storage(output_dir, storage_options)
     # The local folders this call will make, to remove again (if left empty) when it fails.
+    root = storage.local_path
     made = (
-        [f for f in (os.path.join(storage.root, "chunks"), storage.root) if not os.path.lexists(f)]
-        if isinstance(storage, LocalStorage)
-        else []
+        []
+        if root is None
+        else [f for f in (os.path.join(root, "chunks"), root) if not os.path.lexists(f)]
     )
     config = _new_config(chunk_bytes, compression)
     store = _target(storage, mode, config)
@@ -325,7 +326,7 @@ def optimize(
                 raise
             parts.append(own[-1])
         else:
-            if isinstance(storage, MemoryStorage):
+            if not storage.shared_across_processes:
                 raise ValueError("a memory store lives in one process: use num_workers=1")
             _run_workers(handle, parts, fn, items, num_workers, report)
             parts[:] = _repack_tails(storage, handle, parts, own)

@@ -24,7 +24,7 @@ from ..format import manifest as fmt
 from ..format.manifest import ChunkFile, ChunkRef, Manifest, Retention, SegmentRef, chunk_files
 from ..format.units import parse_duration
 from ..storage import FileInfo, Storage
-from ..storage.local import TEMP_PREFIX
+from ..storage.base import TEMP_PREFIX
 from ..txn import VersionLog
 from ..txn.log import version_of_key
 from .refs import RETENTION_KEY, Refs, find_expired, lease_key, with_expired

@@ -41,7 +41,7 @@ from torch.utils.data._utils.collate import default_collate, default_convert
 from ..errors import MissingDataError, ResumeMismatchError, TxstoreError
 from ..format.manifest import ChunkRef, chunk_files
 from ..format.units import parse_duration, parse_size
-from ..storage import LocalStorage, MemoryStorage
+from ..storage import LocalStorage
 from ..store.core import open as open_store
 from ..store.snapshot import ChunkReader, Fetched, Sample, Snapshot
 from .transport import BytesPool, Receiver, pack, unpack
@@ -192,7 +192,7 @@ class _ChunkFetcher:
     def __init__(self, snapshot: Snapshot, cache_dir: str, max_cache_size: int, ahead: int) -> None:
         self._snapshot = snapshot
         self._remote = snapshot.reader
-        local = isinstance(snapshot.storage, LocalStorage | MemoryStorage)
+        local = not snapshot.storage.is_remote
         self._cache = None if local else LocalStorage(cache_dir)
         self._reader = self._remote if self._cache is None else ChunkReader(self._cache)
         self._max_cache_size = max_cache_size

@@ -139,19 +139,19 @@ def test_paths_outside_the_store_are_never_followed(backend: Backend, path: str)
 def test_missing_chunk_names_chunk_and_version(backend: Backend) -> None:
     store, raw = _store(backend)
     snap = store.snapshot()
-    victim = snap.chunks()[1]
+    victim = snap.chunk_refs()[1]
     raw.delete(victim.path)
     fresh = _reopen(backend).snapshot()
     with pytest.raises(MissingDataError, match=rf"{victim.path}.*version 5"):
         list(fresh)
     with pytest.raises(MissingDataError, match=victim.path):
-        fresh[snap.chunks()[0].num_samples]  # the first sample of the missing chunk
+        fresh[snap.chunk_refs()[0].num_samples]  # the first sample of the missing chunk
     assert fresh[0]["v"] == 0  # the other chunks still read
 
 
 def test_flipped_byte_in_a_chunk_is_caught(backend: Backend) -> None:
     store, raw = _store(backend)
-    victim = store.snapshot().chunks()[0]
+    victim = store.snapshot().chunk_refs()[0]
     data = bytearray(raw.read(victim.path))
     data[20] ^= 0xFF  # inside the first frame
     raw.write(victim.path, bytes(data))
@@ -191,7 +191,7 @@ def test_a_flipped_byte_is_caught_by_digest_and_by_frame_checksum(backend: Backe
         list(fresh.snapshot(1))
     older_copy = fresh.snapshot(2)
     with pytest.raises(ChecksumError, match=rf"checksum mismatch in .*{victim.path}"):
-        list(older_copy.iter_chunks(older_copy.chunks()[len(part.chunks) :]))
+        list(older_copy.iter_chunks(older_copy.chunk_refs()[len(part.chunks) :]))
     for version in (1, 2):
         with pytest.raises(ChecksumError, match=victim.path):
             fresh.snapshot(version)[0]

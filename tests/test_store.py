@@ -263,7 +263,7 @@ def test_empty_append_commits_a_version(backend: Backend) -> None:
 def test_chunk_size_is_respected(backend: Backend) -> None:
     store = _create(backend, chunk_bytes="64KiB", compression=None)
     store.append({"b": bytes(1000)} for _ in range(1000))
-    chunks = store.snapshot().chunks()
+    chunks = store.snapshot().chunk_refs()
     sizes = [c.size for c in chunks]
     assert all(s < 64 * 1024 + 8 * 1024 for s in sizes), sizes
     assert all(s > 60 * 1024 for s in sizes[:-1]), sizes
@@ -329,7 +329,7 @@ def test_each_chunk_is_recorded_with_the_digest_of_its_stored_bytes(backend: Bac
     store = _create(backend, chunk_bytes="64KiB", compression=None)
     store.append({"i": i, "b": bytes([i % 256]) * 1000} for i in range(300))
     raw = open_storage(backend.uri, backend.storage_options)
-    chunks = store.snapshot().chunks()
+    chunks = store.snapshot().chunk_refs()
     assert len(chunks) > 3
     for chunk in chunks:
         data = raw.read(chunk.path)

@@ -172,7 +172,7 @@ def test_a_long_lived_store_sees_damage_done_on_disk(tmp_path: Path) -> None:
     assert store.verify(deep=True).ok
     assert len(snap.manifest.segments) > 1
     segment = snap.manifest.segments[0].path
-    chunk = snap.chunks()[-1]  # in another segment
+    chunk = snap.chunk_refs()[-1]  # in another segment
     raw = open_storage(backend.uri)  # another process's doing
     raw.delete(segment)
     data = bytearray(raw.read(chunk.path))
@@ -197,8 +197,8 @@ def test_a_symlinked_chunks_folder_is_verified_and_vacuumed_as_read(tmp_path: Pa
     store = _make(backend, appends=4)
     store.rollback(2)  # version 5: versions 3 and 4's chunks only expired versions need
     expected = _keys(store.snapshot())
-    kept = {c.path for c in store.snapshot().chunks()}
-    gone = {c.path for c in store.snapshot(4).chunks()} - kept
+    kept = {c.path for c in store.snapshot().chunk_refs()}
+    gone = {c.path for c in store.snapshot(4).chunk_refs()} - kept
     assert len(gone) == 2
     elsewhere = tmp_path / "other-disk" / "chunks"
     elsewhere.parent.mkdir()
@@ -246,7 +246,7 @@ def test_verify_reads_every_byte_by_default(tmp_path: Path) -> None:
     backend = Backend("local", str(tmp_path / "store"))
     store = _make(backend, appends=3)
     store.add_fields(lambda s: {"sq": s["i"] * s["i"]}, ["sq"])
-    chunks = store.snapshot().chunks()
+    chunks = store.snapshot().chunk_refs()
     _flip_inside_body(store.storage, chunks[0].path, chunks[0].footer_offset)
     field = chunks[1].field_files[0]  # no digest: checked frame by frame
     _flip_inside_body(store.storage, field.path, field.footer_offset)

@@ -129,7 +129,7 @@ def test_forged_segment_naming_a_metadata_folder_is_refused(backend: Backend, pa
     store = make(backend)
     storage = raw(backend)
     before = samples(store)
-    forged = forge_version(storage, copy_chunk(storage, store.snapshot().chunks()[0], path))
+    forged = forge_version(storage, copy_chunk(storage, store.snapshot().chunk_refs()[0], path))
     kept = metadata(storage)
 
     fresh = later(backend)
@@ -412,7 +412,7 @@ def test_aborting_a_part_that_names_committed_chunks_deletes_none_of_them(
     passes every check of its bytes, and deleting it on abort would lose that version."""
     store = make(backend)
     before = samples(store)
-    committed = store.snapshot().chunks()[0]
+    committed = store.snapshot().chunk_refs()[0]
     txn = store.transaction()
     stolen = StagedPart(
         staging_id=txn.handle.staging_id, chunks=(committed,), num_samples=committed.num_samples

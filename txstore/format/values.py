@@ -152,12 +152,14 @@ def _enc_hook(obj: Any) -> msgspec.msgpack.Ext:
     if module.startswith("torch"):
         import torch
 
+        from .tensors import tensor_bytes
+
         if isinstance(obj, torch.Tensor):
             # Conjugate and negative views are flags on shared memory: their values, stored.
-            t = obj.detach().cpu().resolve_conj().resolve_neg().contiguous()
-            raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+            t = obj.detach().cpu().resolve_conj().resolve_neg()
             dtype = str(t.dtype).removeprefix("torch.")
-            return msgspec.msgpack.Ext(EXT_TENSOR, _array_payload([dtype, list(t.shape)], raw))
+            payload = _array_payload([dtype, list(t.shape)], tensor_bytes(t))
+            return msgspec.msgpack.Ext(EXT_TENSOR, payload)
     raise TypeError(f"unsupported type {type(obj).__qualname__}")
 
 
@@ -187,12 +189,13 @@ def _ext_hook(code: int, data: memoryview) -> Any:
             raise UnsupportedFormatError(
                 "this sample holds a torch tensor; install torch (txstore[torch]) to read it"
             ) from e
+        from .tensors import tensor_from_bytes
+
         (name, shape), raw = _split_payload(data, _array_header, "tensor")
         torch_dtype = _torch_dtype(torch, name)
-        shape = _check_shape(shape, torch_dtype.itemsize, raw, "tensor")
-        if not raw:
-            return torch.empty(shape, dtype=torch_dtype)
-        return torch.frombuffer(bytearray(raw), dtype=torch_dtype).reshape(shape)
+        return tensor_from_bytes(
+            raw, torch_dtype, _check_shape(shape, torch_dtype.itemsize, raw, "tensor")
+        )
     raise UnsupportedFormatError(f"unknown MessagePack extension code {code}")
 
 

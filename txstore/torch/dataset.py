@@ -35,8 +35,13 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info
-from torch.utils.data._utils.collate import default_collate, default_convert
+from torch.utils.data import (
+    DataLoader,
+    IterableDataset,
+    default_collate,
+    default_convert,
+    get_worker_info,
+)
 
 from ..errors import MissingDataError, ResumeMismatchError, TxstoreError
 from ..format.manifest import ChunkRef, chunk_files

@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from ..format.tensors import tensor_bytes, tensor_from_bytes
+
 #: Tensors up to this size travel pickled with the batch; larger ones through shared memory.
 INLINE_TENSOR_BYTES = 256 * 1024
 #: A list of ``bytes`` larger than this in all travels as one shared-memory buffer instead of
@@ -36,7 +38,7 @@ class InlineTensor:
     __slots__ = ("data", "dtype", "shape")
 
     def __init__(self, tensor: torch.Tensor) -> None:
-        self.data = tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        self.data = tensor_bytes(tensor)
         self.dtype = tensor.dtype
         self.shape = tuple(tensor.shape)
 
@@ -47,10 +49,7 @@ class InlineTensor:
         self.data, self.dtype, self.shape = state
 
     def tensor(self) -> torch.Tensor:
-        if not self.data:
-            return torch.empty(self.shape, dtype=self.dtype)
-        raw = torch.frombuffer(bytearray(self.data), dtype=torch.uint8)
-        return raw.view(self.dtype).reshape(self.shape)
+        return tensor_from_bytes(self.data, self.dtype, self.shape)
 
 
 class SharedBytes:

@@ -1,9 +1,9 @@
 """Append throughput of txstore side by side with LitData, MosaicML Streaming and a plain file.
 
-Issue 2. One process runs every contender, one after another, on the same pre-generated
-samples, each into a fresh directory on the same filesystem. Only sample generation is left
-out of the timings. Every contender's output is fsynced after its write (timed separately), so
-that all totals are durable totals, like the plain file's write + fsync.
+One process runs every contender, one after another, on the same pre-generated samples, each
+into a fresh directory on the same filesystem. Only sample generation is left out of the
+timings. Every contender's output is fsynced after its write (timed separately), so that all
+totals are durable totals, like the plain file's write + fsync.
 
     python bench/bench_append.py [--quick] [--json out.json]
     python bench/bench_append.py --commit-latency [--quick] [--json out.json]
@@ -14,194 +14,61 @@ See bench/README.md for the setup.
 from __future__ import annotations
 
 import argparse
-import gc
-import importlib.metadata
-import importlib.util
-import json
-import multiprocessing
-import os
-import platform
-import random
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 import traceback
-import types
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-T = TypeVar("T")
-
-Sample = dict[str, Any]
-
-MB = 1_000_000
-CHUNK_BYTES = 64 * 2**20
-POOL_BLOCK_BYTES = 64 * 2**20
-PLAIN_BUFFER_BYTES = 2**20  # faster here than unbuffered or a 64 MiB buffer
-QUICK_FACTOR = 10
-PEER_PACKAGES = (
-    "txstore",
-    "litdata",
-    "mosaicml-streaming",
-    "torch",
-    "numpy",
-    "zstandard",
-    "msgspec",
-    "fsspec",
+from txbench.measure import Contender, Result, importable, measure, round_robin, warm_up
+from txbench.output import (
+    find,
+    finish_report,
+    fmt,
+    new_report,
+    print_notes,
+    print_write_table,
+    rate_of,
+    ratio,
 )
-
-
-# --------------------------------------------------------------------------- workloads
-
-
-@dataclass(frozen=True)
-class Workload:
-    name: str
-    num_samples: int
-    payload_field: str
-    payload_size: int
-    with_label: bool
-
-    @property
-    def payload_bytes(self) -> int:
-        return self.num_samples * self.payload_size
-
-    @property
-    def mds_columns(self) -> dict[str, str]:
-        columns = {"id": "int", self.payload_field: "bytes"}
-        if self.with_label:
-            columns["label"] = "int"
-        return columns
-
-    def describe(self) -> str:
-        fields = f"id: int, {self.payload_field}: {self.payload_size} B bytes"
-        if self.with_label:
-            fields += ", label: int"
-        return f"{self.name}: {self.num_samples:,} samples of {{{fields}}}"
-
-
-WORKLOADS = (
-    Workload("W1", 200_000, "tokens", 2 * 1024, with_label=False),
-    Workload("W2", 20_000, "jpeg", 100 * 1024, with_label=True),
+from txbench.peers import (
+    count_litdata,
+    count_mds,
+    import_litdata,
+    import_mds_writer,
+    import_txstore,
+    no_imports,
+    run_litdata_optimize,
+    tiny_sample,
+    write_litdata_binarywriter,
+    write_mds,
+    write_plain_file,
+    write_txstore_default,
+    write_txstore_uncompressed,
 )
-
-
-def random_payloads(count: int, size: int) -> Iterator[bytes]:
-    """Distinct random payloads, sliced out of 64 MiB os.urandom blocks."""
-    per_block = max(1, POOL_BLOCK_BYTES // size)
-    for start in range(0, count, per_block):
-        n = min(per_block, count - start)
-        block = os.urandom(n * size)
-        for k in range(n):
-            yield block[k * size : (k + 1) * size]
-
-
-def make_sample(workload: Workload, index: int, payload: bytes) -> Sample:
-    sample: Sample = {"id": index, workload.payload_field: payload}
-    if workload.with_label:
-        sample["label"] = index % 1000
-    return sample
-
-
-def make_samples(workload: Workload) -> list[Sample]:
-    payloads = random_payloads(workload.num_samples, workload.payload_size)
-    return [make_sample(workload, i, p) for i, p in enumerate(payloads)]
-
-
-def iter_samples(samples: Sequence[Sample]) -> Iterator[Sample]:
-    """What every contender consumes: a generator over pre-built samples."""
-    yield from samples
-
-
-# --------------------------------------------------------------------------- filesystem
-
-
-def fsync_tree(root: Path) -> None:
-    """Fsync every file under root, then every directory, deepest first."""
-    dirs: list[str] = []
-    for dirpath, _dirnames, filenames in os.walk(root):
-        dirs.append(dirpath)
-        for name in filenames:
-            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-    for dirpath in reversed(dirs):
-        fd = os.open(dirpath, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def tree_bytes(root: Path) -> int:
-    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
-
-
-def default_workdir() -> Path:
-    """The parent of the repository: the same disk as the repo, not a tmpfs."""
-    return Path(__file__).resolve().parents[2]
-
-
-def filesystem_of(path: Path) -> str:
-    best = ("", "?")
-    with open("/proc/mounts") as mounts:
-        for line in mounts:
-            device, mountpoint, fstype = line.split()[:3]
-            is_prefix = str(path).startswith(mountpoint.rstrip("/") + "/")
-            if (str(path) == mountpoint or is_prefix) and len(mountpoint) >= len(best[0]):
-                best = (mountpoint, f"{device} ({fstype}) on {mountpoint}")
-    return best[1]
-
+from txbench.system import default_workdir, machine_info, print_machine, set_settle, settle_s
+from txbench.workloads import (
+    WORKLOADS,
+    Sample,
+    Workload,
+    iter_samples,
+    make_sample,
+    make_samples,
+    random_payloads,
+    scaled,
+    selected,
+)
 
 # --------------------------------------------------------------------------- contenders
 
-
-def write_plain_file(out: Path, samples: Sequence[Sample], workload: Workload) -> str:
-    out.mkdir(parents=True)
-    key = workload.payload_field
-    with open(out / "payload.bin", "wb", buffering=PLAIN_BUFFER_BYTES) as f:
-        for sample in iter_samples(samples):
-            f.write(sample[key])
-        f.flush()
-        os.fsync(f.fileno())
-    return "payload bytes only, one file, write + fsync"
-
-
-def _txstore_append(out: Path, samples: Sequence[Sample], **create_kwargs: Any) -> str:
-    import txstore
-
-    store = txstore.create(str(out), **create_kwargs)
-    commit = store.append(iter_samples(samples))
-    if commit.num_samples != len(samples):
-        raise AssertionError(f"commit.num_samples={commit.num_samples}, wrote {len(samples)}")
-    return f"version {commit.version}"
-
-
-def write_txstore_default(out: Path, samples: Sequence[Sample], workload: Workload) -> str:
-    return _txstore_append(out, samples) + ", default compression (zstd)"
-
-
-def write_txstore_uncompressed(out: Path, samples: Sequence[Sample], workload: Workload) -> str:
-    return _txstore_append(out, samples, compression=None) + ", compression=None"
-
-
-def write_litdata_binarywriter(out: Path, samples: Sequence[Sample], workload: Workload) -> str:
-    from litdata.streaming.writer import BinaryWriter  # type: ignore[import-not-found]
-
-    writer = BinaryWriter(str(out), chunk_bytes=CHUNK_BYTES, compression=None)
-    for index, sample in enumerate(iter_samples(samples)):
-        writer[index] = sample
-    writer.done()
-    writer.merge()
-    return "uncompressed, in process"
-
+#: What a writer gets: the workload's pre-built samples.
+Job = tuple[Sequence[Sample], Workload]
+WriteFn = Callable[[Path, Sequence[Sample], Workload], str]
 
 _OPTIMIZE_SAMPLES: Sequence[Sample] = ()
 
@@ -211,110 +78,39 @@ def _optimize_item(index: int) -> Sample:
     return _OPTIMIZE_SAMPLES[index]
 
 
-def _optimize_tiny_item(index: int) -> Sample:
-    return {"id": index, "tokens": b"x"}
-
-
-def run_litdata_optimize(
-    out: Path, fn: Callable[[int], Sample], count: int, start_method: str
-) -> None:
-    from litdata import optimize  # type: ignore[import-not-found]
-
-    previous_method = multiprocessing.get_start_method(allow_none=True)
-    try:
-        optimize(
-            fn=fn,
-            inputs=list(range(count)),
-            output_dir=str(out),
-            chunk_bytes=CHUNK_BYTES,
-            compression=None,
-            num_workers=1,
-            start_method=start_method,
-            keep_data_ordered=True,
-            verbose=False,
-        )
-    finally:
-        # optimize() forces the process-wide start method; put it back.
-        multiprocessing.set_start_method(previous_method, force=True)
-
-
 def write_litdata_optimize(out: Path, samples: Sequence[Sample], workload: Workload) -> str:
     global _OPTIMIZE_SAMPLES
     _OPTIMIZE_SAMPLES = samples
     try:
-        run_litdata_optimize(out, _optimize_item, len(samples), "fork")
+        run_litdata_optimize(out, _optimize_item, range(len(samples)))
     finally:
         _OPTIMIZE_SAMPLES = ()
     return "uncompressed, 1 worker (fork), includes fixed cost"
 
 
-def import_mds_writer() -> Any:
-    """streaming imports streaming.vision, which needs torchvision: stub it when absent."""
-    if importlib.util.find_spec("torchvision") is None:
-        sys.modules.setdefault("streaming.vision", types.ModuleType("streaming.vision"))
-    from streaming import MDSWriter  # type: ignore[import-not-found]
-
-    return MDSWriter
-
-
-def write_mds(out: Path, samples: Sequence[Sample], workload: Workload) -> str:
-    mds_writer = import_mds_writer()
-    with mds_writer(
-        out=str(out), columns=workload.mds_columns, compression=None, size_limit=CHUNK_BYTES
-    ) as writer:
-        for sample in iter_samples(samples):
-            writer.write(sample)
-    return "uncompressed"
-
-
-WriteFn = Callable[[Path, Sequence[Sample], Workload], str]
-
-
-def no_imports() -> None:
-    """The plain file needs nothing imported."""
-
-
-def import_txstore() -> None:
-    import txstore  # noqa: F401
-
-
-def import_litdata() -> None:
-    from litdata import optimize  # noqa: F401
-    from litdata.streaming.writer import BinaryWriter  # noqa: F401
-
-
-@dataclass(frozen=True)
-class Contender:
-    key: str
-    label: str
-    write: WriteFn
-    prepare: Callable[[], Any]
-    counter: Callable[[Path], int] | None = None
-
-
-def count_mds(out: Path) -> int:
-    index = json.loads((out / "index.json").read_text())
-    return sum(int(shard["samples"]) for shard in index["shards"])
-
-
-def count_litdata(out: Path) -> int:
-    index = json.loads((out / "index.json").read_text())
-    return sum(int(chunk["chunk_size"]) for chunk in index["chunks"])
+def writer(
+    key: str,
+    label: str,
+    write: WriteFn,
+    prepare: Callable[[], Any],
+    counter: Callable[[Path], int] | None = None,
+) -> Contender[Job]:
+    return Contender(key, label, lambda out, job: write(out, *job), prepare, counter)
 
 
 CONTENDERS = (
-    Contender("plain", "plain file (write+fsync)", write_plain_file, no_imports),
-    Contender("txstore", "txstore append (zstd)", write_txstore_default, import_txstore),
-    Contender("txstore-raw", "txstore append (none)", write_txstore_uncompressed, import_txstore),
-    Contender("mds", "MDSWriter", write_mds, import_mds_writer, count_mds),
-    Contender(
+    writer("plain", "plain file (write+fsync)", write_plain_file, no_imports),
+    writer("txstore", "txstore append (zstd)", write_txstore_default, import_txstore),
+    writer("txstore-raw", "txstore append (none)", write_txstore_uncompressed, import_txstore),
+    writer("mds", "MDSWriter", write_mds, import_mds_writer, count_mds),
+    writer(
         "litdata-writer",
         "LitData BinaryWriter",
         write_litdata_binarywriter,
         import_litdata,
         count_litdata,
     ),
-    Contender(
+    writer(
         "litdata-optimize",
         "LitData optimize()",
         write_litdata_optimize,
@@ -327,86 +123,12 @@ CONTENDERS = (
 # --------------------------------------------------------------------------- measurement
 
 
-@dataclass
-class Result:
-    contender: str
-    workload: str
-    num_samples: int
-    payload_bytes: int
-    write_s: float | None = None
-    fsync_s: float | None = None
-    disk_bytes: int | None = None
-    note: str = ""
-    error: str | None = None
-    run_totals_s: list[float] = field(default_factory=list)  # every repeat, for the spread
-
-    @property
-    def total_s(self) -> float | None:
-        if self.write_s is None or self.fsync_s is None:
-            return None
-        return self.write_s + self.fsync_s
-
-    @property
-    def samples_per_s(self) -> float | None:
-        total = self.total_s
-        return None if not total else self.num_samples / total
-
-    @property
-    def mb_per_s(self) -> float | None:
-        total = self.total_s
-        return None if not total else self.payload_bytes / total / MB
-
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data.update(total_s=self.total_s, samples_per_s=self.samples_per_s, mb_per_s=self.mb_per_s)
-        return data
-
-
-def is_unsupported_keyword(exc: BaseException) -> bool:
-    return isinstance(exc, TypeError) and "unexpected keyword" in str(exc)
-
-
-def measure(
-    contender: Contender, workload: Workload, samples: Sequence[Sample], workdir: Path
+def measure_write(
+    contender: Contender[Job], workload: Workload, samples: Sequence[Sample], workdir: Path
 ) -> Result:
     result = Result(contender.label, workload.name, len(samples), workload.payload_bytes)
-    run_dir = Path(tempfile.mkdtemp(prefix=f"{contender.key}-{workload.name}-", dir=workdir))
-    out = run_dir / "out"
-    settle()
-    try:
-        start = time.perf_counter()
-        note = contender.write(out, samples, workload)
-        result.write_s = time.perf_counter() - start
-        start = time.perf_counter()
-        fsync_tree(run_dir)
-        result.fsync_s = time.perf_counter() - start
-        result.disk_bytes = tree_bytes(out)
-        result.note = note + check_count(contender, out, len(samples))
-    except Exception as exc:
-        if is_unsupported_keyword(exc):
-            result.note = f"skipped: {exc}"
-        else:
-            result.error = traceback.format_exc()
-    finally:
-        shutil.rmtree(run_dir, ignore_errors=True)
-    return result
-
-
-def check_count(contender: Contender, out: Path, expected: int) -> str:
-    if contender.counter is None:
-        return ""
-    found = contender.counter(out)
-    return "" if found == expected else f"; COUNT MISMATCH: index says {found}, wrote {expected}"
-
-
-def median_result(results: list[Result]) -> Result:
-    """The run with the median total; an error in any run is reported instead."""
-    failed = [r for r in results if r.error or r.total_s is None]
-    if failed:
-        return failed[0]
-    totals = sorted(r.total_s or 0.0 for r in results)
-    chosen = sorted(results, key=lambda r: r.total_s or 0.0)[len(results) // 2]
-    return replace(chosen, run_totals_s=totals)
+    prefix = f"{contender.key}-{workload.name}-"
+    return measure(contender, (samples, workload), result, workdir, prefix, fsync_run_dir=True)
 
 
 def measure_optimize_fixed_cost(workdir: Path, start_method: str) -> float | None:
@@ -414,7 +136,7 @@ def measure_optimize_fixed_cost(workdir: Path, start_method: str) -> float | Non
     run_dir = Path(tempfile.mkdtemp(prefix="litdata-fixed-", dir=workdir))
     try:
         start = time.perf_counter()
-        run_litdata_optimize(run_dir / "out", _optimize_tiny_item, 1, start_method)
+        run_litdata_optimize(run_dir / "out", tiny_sample, [0], start_method=start_method)
         return time.perf_counter() - start
     except Exception:
         traceback.print_exc()
@@ -423,57 +145,15 @@ def measure_optimize_fixed_cost(workdir: Path, start_method: str) -> float | Non
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def importable(contenders: Sequence[Contender]) -> tuple[list[Contender], dict[str, str]]:
-    """Import every contender's package before any timing; drop those not installed."""
-    ready, missing = [], {}
-    for contender in contenders:
-        try:
-            contender.prepare()
-            ready.append(contender)
-        except ModuleNotFoundError as exc:
-            missing[contender.label] = f"skipped: {exc}"
-    return ready, missing
-
-
-def shuffled(items: Sequence[T], turn: int) -> list[T]:
-    """``items`` in the order of repeat ``turn``: seeded, so a run can be repeated, and
-    different each repeat, so that no contender always follows the same one (on the bench VM
-    the writer that always ran right after the plain file took 1.9 s, alone 1.3 s)."""
-    return random.Random(turn).sample(list(items), len(items))
-
-
-#: Seconds to wait after the previous run's files were deleted and synced, before the next
-#: run starts (``--settle``; default 0, as before session 4). The bench VM hands freed memory
-#: back to its host after about 2 s; with 3 s, txstore's W2 appends got slower (1.49 and
-#: 2.03 s against 1.32 and 1.31 s) and the plain file did not (1.20 against 1.18 s).
-SETTLE_S = 0.0
-
-
-def settle() -> None:
-    os.sync()
-    time.sleep(SETTLE_S)
-    gc.collect()
-
-
 def run_workload(
-    workload: Workload, contenders: Sequence[Contender], workdir: Path, repeat: int
+    workload: Workload, contenders: Sequence[Contender[Job]], workdir: Path, repeat: int
 ) -> list[Result]:
     start = time.perf_counter()
     samples = make_samples(workload)
     generation_s = time.perf_counter() - start
     print(f"\n{workload.describe()}: payload generated in {generation_s:.1f} s (not timed)")
-    measure(CONTENDERS[0], workload, samples, workdir)  # untimed warm-up of the page cache
-    runs: dict[str, list[Result]] = {c.label: [] for c in contenders}
-    for turn in range(repeat):  # round robin, so drift hits every contender alike
-        for contender in shuffled(contenders, turn):
-            runs[contender.label].append(measure(contender, workload, samples, workdir))
-    results = [median_result(runs[c.label]) for c in contenders]
-    for result in results:
-        spread = ", ".join(f"{t:.2f}" for t in result.run_totals_s)
-        print(f"  {result.contender:<28} {fmt(result.total_s, '.2f')} s  (runs: {spread})")
-        if result.error:
-            print(result.error, file=sys.stderr)
-    return results
+    warm_up(samples, workload, workdir)
+    return round_robin(contenders, repeat, lambda c: measure_write(c, workload, samples, workdir))
 
 
 def skipped_results(workload: Workload, missing: dict[str, str]) -> list[Result]:
@@ -484,50 +164,6 @@ def skipped_results(workload: Workload, missing: dict[str, str]) -> list[Result]
 
 
 # --------------------------------------------------------------------------- reporting
-
-
-def fmt(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def ratio(numerator: float | None, denominator: float | None) -> float | None:
-    if numerator is None or not denominator:
-        return None
-    return numerator / denominator
-
-
-def find(results: Iterable[Result], label: str, workload: str) -> Result | None:
-    return next((r for r in results if r.contender == label and r.workload == workload), None)
-
-
-def rate_of(result: Result | None) -> float | None:
-    return None if result is None else result.samples_per_s
-
-
-def print_throughput_table(results: Sequence[Result]) -> None:
-    plain = CONTENDERS[0].label
-    header = (
-        f"| {'contender':<28} | wl | {'write s':>8} | {'fsync s':>7} | {'total s':>8} "
-        f"| {'samples/s':>10} | {'MB/s':>7} | {'disk MB':>8} | {'x plain':>7} |"
-    )
-    print("\n" + header)
-    print("|" + "|".join("-" * len(cell) for cell in header.split("|")[1:-1]) + "|")
-    for r in results:
-        vs_plain = ratio(r.samples_per_s, rate_of(find(results, plain, r.workload)))
-        disk = None if r.disk_bytes is None else r.disk_bytes / MB
-        print(
-            f"| {r.contender:<28} | {r.workload} | {fmt(r.write_s, '8.2f')} "
-            f"| {fmt(r.fsync_s, '7.2f')} | {fmt(r.total_s, '8.2f')} "
-            f"| {fmt(r.samples_per_s, '10,.0f')} | {fmt(r.mb_per_s, '7.1f')} "
-            f"| {fmt(disk, '8.1f')} | {fmt(vs_plain, '7.3f')} |"
-        )
-
-
-def print_notes(results: Sequence[Result]) -> None:
-    print()
-    for r in results:
-        status = "ERROR (traceback above)" if r.error else r.note
-        print(f"  {r.workload} {r.contender:<28} {status}")
 
 
 def txstore_vs_mds(results: Sequence[Result]) -> list[dict[str, Any]]:
@@ -545,48 +181,6 @@ def print_vs_mds(rows: Sequence[dict[str, Any]]) -> None:
     print("\ntxstore throughput / MDSWriter throughput (same run; >1 means txstore is faster):")
     for row in rows:
         print(f"  {row['workload']}  {row['txstore']:<24} {fmt(row['ratio'], '.3f')}")
-
-
-def source_revision() -> str:
-    """The commit of the checkout this script sits in, '+dirty' if txstore/ has changes."""
-    repo = Path(__file__).resolve().parents[1]
-
-    def git(*args: str) -> str:
-        done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
-        return done.stdout.strip() if done.returncode == 0 else ""
-
-    head = git("rev-parse", "--short", "HEAD") or "unknown"
-    return head + ("+dirty" if git("status", "--porcelain", "--", "txstore") else "")
-
-
-def machine_info(workdir: Path) -> dict[str, Any]:
-    versions: dict[str, str | None] = {}
-    for name in PEER_PACKAGES:
-        try:
-            versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            versions[name] = None
-    return {
-        "nproc": os.cpu_count(),
-        "usable_cpus": len(os.sched_getaffinity(0)),
-        "python": sys.version.split()[0],
-        "implementation": platform.python_implementation(),
-        "platform": platform.platform(),
-        "workdir": str(workdir),
-        "workdir_fs": filesystem_of(workdir),
-        "tmp_fs": filesystem_of(Path(tempfile.gettempdir())),
-        "packages": versions,
-        "txstore_revision": source_revision(),
-    }
-
-
-def print_machine(info: dict[str, Any]) -> None:
-    print(f"machine: nproc={info['nproc']} usable={info['usable_cpus']} {info['platform']}")
-    print(f"python:  {info['implementation']} {info['python']}")
-    print(f"workdir: {info['workdir']} on {info['workdir_fs']} (tmp: {info['tmp_fs']})")
-    packages = ", ".join(f"{k} {v or 'not installed'}" for k, v in info["packages"].items())
-    print(f"packages: {packages}")
-    print(f"txstore source: {info['txstore_revision']}")
 
 
 # --------------------------------------------------------------------------- commit latency
@@ -788,7 +382,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--repeat", type=int, default=3, help="runs per contender; median kept")
     parser.add_argument(
-        "--settle", type=float, default=SETTLE_S, help="s to wait before each run (default 0)"
+        "--settle", type=float, default=settle_s(), help="s to wait before each run (default 0)"
     )
     parser.add_argument(
         "--contenders",
@@ -811,20 +405,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def selected(names: str, items: Sequence[Any], attr: str) -> list[Any]:
-    wanted = [n.strip() for n in names.split(",") if n.strip()]
-    unknown = set(wanted) - {getattr(i, attr) for i in items}
-    if unknown:
-        raise SystemExit(f"unknown: {', '.join(sorted(unknown))}")
-    return [i for i in items if getattr(i, attr) in wanted]
-
-
-def scaled(workload: Workload, quick: bool) -> Workload:
-    if not quick:
-        return workload
-    return replace(workload, num_samples=workload.num_samples // QUICK_FACTOR)
-
-
 def run_throughput(args: argparse.Namespace, report: dict[str, Any]) -> None:
     contenders, missing = importable(selected(args.contenders, CONTENDERS, "key"))
     workloads = [scaled(w, args.quick) for w in selected(args.workloads, WORKLOADS, "name")]
@@ -836,7 +416,7 @@ def run_throughput(args: argparse.Namespace, report: dict[str, Any]) -> None:
         results += skipped_results(workload, missing)
     if any(c.key == "litdata-optimize" for c in contenders):
         report["litdata_optimize_fixed_s"] = report_optimize_fixed_cost(args.workdir)
-    print_throughput_table(results)
+    print_write_table(results, CONTENDERS[0].label)
     print_notes(results)
     vs_mds = txstore_vs_mds(results)
     print_vs_mds(vs_mds)
@@ -866,19 +446,18 @@ def run_latency(args: argparse.Namespace, report: dict[str, Any]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    started = time.perf_counter()
     args = parse_args(argv)
-    global SETTLE_S
-    SETTLE_S = args.settle
+    set_settle(args.settle)
     info = machine_info(args.workdir)
     print_machine(info)
-    report: dict[str, Any] = {"machine": info, "quick": args.quick, "argv": sys.argv[1:]}
+    part = "commit-latency" if args.commit_latency else "throughput"
+    report = new_report("bench_append", info, args.quick, part=part, repeat=args.repeat)
     if args.commit_latency:
         run_latency(args, report)
     else:
         run_throughput(args, report)
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
-        print(f"\nresults written to {args.json}")
+    finish_report(report, args.json, started)
     return 0
 
 

@@ -1,6 +1,6 @@
 """Cost of adding a field to existing samples, and of reading some fields only (txstore).
 
-Issue 7, item 5. A store of 200,000 samples with five fields {id: int, caption: 64-char str,
+A store of 200,000 samples with five fields {id: int, caption: 64-char str,
 a: 1 KiB bytes, b: 1 KiB bytes, c: 2 KiB bytes} is built once (not timed). Then:
 
 - ``add_fields(store, fn, ["latent"], num_workers=0 | 2)`` adds a 4 KiB bytes field, each run on a
@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import gc
-import json
 import os
 import pstats
 import shutil
@@ -36,13 +35,13 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import bench_append as ba
-from bench_optimize import Pool
+from txbench.output import finish_report, fmt, new_report
+from txbench.system import default_workdir, evict_files, machine_info, print_machine
+from txbench.workloads import MB, QUICK_FACTOR, Pool
 
 from txstore.storage import FileInfo, Storage
 from txstore.storage.base import Data
 
-MB = ba.MB
 NUM_SAMPLES = 200_000
 BYTES_FIELDS = {"a": 1024, "b": 1024, "c": 2048}
 CAPTION_CHARS = 64
@@ -160,13 +159,7 @@ def io_delta(before: dict[str, int]) -> dict[str, int]:
 
 def drop_cache(root: Path) -> None:
     """Evict the store's files from the page cache (they are clean: txstore fsyncs)."""
-    for path in root.rglob("*"):
-        if path.is_file():
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
+    evict_files(p for p in root.rglob("*") if p.is_file())
 
 
 # --------------------------------------------------------------------------- folders
@@ -541,9 +534,9 @@ def print_read_table(results: Sequence[ReadResult]) -> list[dict[str, Any]]:
         }
         print(
             f"| {r.case} | {r.reader} | {r.fields} | {fr['ideal']:.3f} | {mb(r.counted_bytes)} "
-            f"| {fr['counted']:.3f} | {mb(r.warm_rchar)} | {ba.fmt(fr['rchar'], '.3f')} "
-            f"| {mb(r.cold_read_bytes)} | {ba.fmt(fr['disk'], '.3f')} "
-            f"| {ba.fmt(r.warm_s, '.2f')} | {ba.fmt(r.cold_s, '.2f')} |"
+            f"| {fr['counted']:.3f} | {mb(r.warm_rchar)} | {fmt(fr['rchar'], '.3f')} "
+            f"| {mb(r.cold_read_bytes)} | {fmt(fr['disk'], '.3f')} "
+            f"| {fmt(r.warm_s, '.2f')} | {fmt(r.cold_s, '.2f')} |"
         )
         if r.fields != "all":
             verdicts.append(read_verdict(r, fr))
@@ -631,7 +624,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--json", type=Path, help="write all results to this JSON file")
     parser.add_argument("--repeat", type=int, default=3, help="runs per measurement; median kept")
     parser.add_argument(
-        "--workdir", type=Path, default=ba.default_workdir(), help="where temp dirs go (same disk)"
+        "--workdir", type=Path, default=default_workdir(), help="where temp dirs go (same disk)"
     )
     parser.add_argument("--skip-reads", action="store_true", help="only add_fields")
     parser.add_argument("--profile", action="store_true", help="also cProfile add_fields and reads")
@@ -639,20 +632,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def machine(workdir: Path) -> dict[str, Any]:
-    info = ba.machine_info(workdir)
-    info["packages"] = {k: v for k, v in info["packages"].items() if k in PACKAGES}
-    return info
+    return machine_info(workdir, PACKAGES)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     global _POOLS
+    started = time.perf_counter()
     args = parse_args(argv)
     import txstore.torch  # noqa: F401  (torch is imported before any timing)
 
     info = machine(args.workdir)
-    ba.print_machine(info)
-    report: dict[str, Any] = {"machine": info, "quick": args.quick, "argv": sys.argv[1:]}
-    count = NUM_SAMPLES // (ba.QUICK_FACTOR if args.quick else 1)
+    print_machine(info)
+    report = new_report("bench_fields", info, args.quick, repeat=args.repeat)
+    count = NUM_SAMPLES // (QUICK_FACTOR if args.quick else 1)
     start = time.perf_counter()
     _POOLS = Pools(count)
     print(f"payload pools generated in {time.perf_counter() - start:.1f} s (not timed)")
@@ -672,9 +664,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             run_reads(base, args, report, count)
     finally:
         shutil.rmtree(base_dir, ignore_errors=True)
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
-        print(f"\nresults written to {args.json}")
+    finish_report(report, args.json, started)
     return 0
 
 

@@ -1,6 +1,6 @@
 """One-call conversion: txstore's optimize() side by side with LitData's and MosaicML's.
 
-Issue 6, item 4. One process runs every contender, one after another, round robin, on the same
+One process runs every contender, one after another, round robin, on the same
 inputs (integer indices) and the same function, which builds each sample from a pre-generated
 random pool: generation is cheap and costs every contender the same. Each output is fsynced
 after the call (timed separately), so every total is a durable total.
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import json
 import logging
 import multiprocessing
 import os
@@ -31,44 +30,67 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import bench_append as ba
+from txbench.measure import Contender, Result, measure, round_robin, warm_up
+from txbench.output import (
+    finish_report,
+    fmt,
+    new_report,
+    print_notes,
+    print_write_table,
+    rate_of,
+    ratio,
+)
+from txbench.peers import (
+    PLAIN_BUFFER_BYTES,
+    count_litdata,
+    count_mds,
+    count_txstore,
+    import_litdata,
+    import_mds_writer,
+    import_txstore,
+    run_litdata_optimize,
+    tiny_sample,
+)
+from txbench.system import (
+    default_workdir,
+    fsync_tree,
+    machine_info,
+    print_machine,
+    set_settle,
+    settle_s,
+)
+from txbench.workloads import (
+    CHUNK_BYTES,
+    WORKLOADS,
+    Pool,
+    Sample,
+    Workload,
+    make_sample,
+    make_samples,
+    scaled,
+    selected,
+)
 
-MB = ba.MB
-CHUNK_BYTES = ba.CHUNK_BYTES
+PLAIN_LABEL = "plain file (write+fsync)"
 APPEND_FRACTION = 100  # the small append is 1/100 of W1
 TARGET_VS_LITDATA = 4.0
 TARGET_VS_MDS = 1.0
 TARGET_APPEND_S = 1.0
-Sample = dict[str, Any]
 
 
 # --------------------------------------------------------------------------- the function
 
 
-class Pool:
-    """Distinct random payloads, sliced on demand out of 64 MiB os.urandom blocks."""
-
-    def __init__(self, count: int, size: int) -> None:
-        self.size = size
-        self.per_block = max(1, ba.POOL_BLOCK_BYTES // size)
-        blocks = -(-count // self.per_block)
-        self.blocks = [os.urandom(self.per_block * size) for _ in range(blocks)]
-
-    def payload(self, index: int) -> bytes:
-        block, k = divmod(index, self.per_block)
-        return self.blocks[block][k * self.size : (k + 1) * self.size]
-
-
 # What build_sample reads; forked workers (txstore, LitData, MosaicML partitions) inherit it.
-_WORKLOAD: ba.Workload | None = None
+_WORKLOAD: Workload | None = None
 _POOL: Pool | None = None
 
 
-def set_job(workload: ba.Workload, pool: Pool) -> None:
+def set_job(workload: Workload, pool: Pool) -> None:
     global _WORKLOAD, _POOL
     _WORKLOAD, _POOL = workload, pool
 
@@ -76,11 +98,7 @@ def set_job(workload: ba.Workload, pool: Pool) -> None:
 def build_sample(index: int) -> Sample:
     """The ``fn`` every contender calls: one input index -> one sample dict."""
     assert _WORKLOAD is not None and _POOL is not None
-    return ba.make_sample(_WORKLOAD, index, _POOL.payload(index))
-
-
-def tiny_sample(index: int) -> Sample:
-    return {"id": index, "tokens": b"x"}
+    return make_sample(_WORKLOAD, index, _POOL.payload(index))
 
 
 # --------------------------------------------------------------------------- contenders
@@ -114,36 +132,19 @@ def run_litdata(
     fn: Callable[[int], Sample] = build_sample,
     start_method: str = "fork",
 ) -> str:
-    from litdata import optimize  # type: ignore[import-not-found]
-
-    previous = multiprocessing.get_start_method(allow_none=True)
-    try:
-        optimize(
-            fn=fn,
-            inputs=list(inputs),
-            output_dir=str(out),
-            chunk_bytes=CHUNK_BYTES,
-            compression=None,
-            num_workers=workers,
-            start_method=start_method,
-            keep_data_ordered=True,
-            mode=mode,
-            verbose=False,
-        )
-    finally:
-        # optimize() forces the process-wide start method; put it back.
-        multiprocessing.set_start_method(previous, force=True)
+    run_litdata_optimize(out, fn, inputs, workers, mode, start_method)
     return f"uncompressed, {start_method}"
 
 
 def mds_partition(out: str, columns: dict[str, str], inputs: Sequence[int]) -> None:
-    mds_writer = ba.import_mds_writer()
+    mds_writer = import_mds_writer()
     with mds_writer(out=out, columns=columns, compression=None, size_limit=CHUNK_BYTES) as w:
         for index in inputs:
             w.write(build_sample(index))
 
 
 def merge_mds_partitions(out: Path) -> None:
+    import_mds_writer()  # stubs streaming.vision when torchvision is absent
     from streaming.base.util import merge_index  # type: ignore[import-not-found]
 
     merge_index(str(out), keep_local=True)
@@ -196,7 +197,7 @@ def _plain_part(path: Path, inputs: Sequence[int]) -> None:
     """fn's payload bytes into one file (1 MiB buffer), then fsync."""
     assert _WORKLOAD is not None
     key = _WORKLOAD.payload_field
-    with open(path, "wb", buffering=ba.PLAIN_BUFFER_BYTES) as f:
+    with open(path, "wb", buffering=PLAIN_BUFFER_BYTES) as f:
         for index in inputs:
             f.write(build_sample(index)[key])
         f.flush()
@@ -222,14 +223,17 @@ def run_plain_processes(out: Path, inputs: Sequence[int], workers: int) -> str:
 RunFn = Callable[[Path, Sequence[int]], str]
 
 
-@dataclass(frozen=True)
-class Contender:
-    key: str
-    label: str
-    family: str  # txstore, txstore-zstd, litdata, mds
-    processes: int
-    run: RunFn
-    counter: Callable[[Path], int] | None = None
+def contender(
+    key: str,
+    label: str,
+    family: str,
+    processes: int,
+    run: RunFn,
+    counter: Callable[[Path], int] | None = None,
+) -> Contender[Sequence[int]]:
+    """A contender fed the input indices; ``family`` and ``processes`` say who compares with
+    whom (txstore with the peer of as many processes)."""
+    return Contender(key, label, run, counter=counter, family=family, processes=processes)
 
 
 def with_workers(n: int, run: Callable[[Path, Sequence[int], int], str]) -> RunFn:
@@ -237,10 +241,10 @@ def with_workers(n: int, run: Callable[[Path, Sequence[int], int], str]) -> RunF
     return lambda out, inputs: run(out, inputs, n)
 
 
-def throughput_contenders() -> list[Contender]:
+def throughput_contenders() -> list[Contender[Sequence[int]]]:
     out = [
-        Contender("plain", "plain file (write+fsync)", "plain", 1, run_plain),
-        Contender(
+        contender("plain", PLAIN_LABEL, "plain", 1, run_plain),
+        contender(
             "plain-2",
             "plain files, 2p (write+fsync)",
             "plain",
@@ -250,7 +254,7 @@ def throughput_contenders() -> list[Contender]:
     ]
     for n in (1, 2):
         out += [
-            Contender(
+            contender(
                 f"txstore-{n}",
                 f"txstore optimize raw, {n}w",
                 "txstore",
@@ -259,28 +263,28 @@ def throughput_contenders() -> list[Contender]:
                     n, lambda o, i, w: run_txstore(o, i, w, None, None) + ", compression=None"
                 ),
             ),
-            Contender(
+            contender(
                 f"txstore-zstd-{n}",
                 f"txstore optimize zstd, {n}w",
                 "txstore-zstd",
                 n,
                 with_workers(n, lambda o, i, w: run_txstore(o, i, w, "zstd", None) + ", zstd"),
             ),
-            Contender(
+            contender(
                 f"litdata-{n}",
                 f"LitData optimize, {n}w",
                 "litdata",
                 n,
                 with_workers(n, lambda o, i, w: run_litdata(o, i, w, None)),
-                ba.count_litdata,
+                count_litdata,
             ),
-            Contender(
+            contender(
                 f"mds-{n}",
                 f"MDSWriter, {n}p",
                 "mds",
                 n,
                 with_workers(n, run_mds),
-                ba.count_mds,
+                count_mds,
             ),
         ]
     return out
@@ -289,45 +293,19 @@ def throughput_contenders() -> list[Contender]:
 # --------------------------------------------------------------------------- measurement
 
 
-def timed_run(
-    contender: Contender, out: Path, inputs: Sequence[int], result: ba.Result, expected: int
-) -> None:
-    """Run, fsync the output, fill ``result``; ``expected``: samples the output should hold."""
-    ba.settle()
-    start = time.perf_counter()
-    note = contender.run(out, inputs)
-    result.write_s = time.perf_counter() - start
-    start = time.perf_counter()
-    ba.fsync_tree(out)
-    result.fsync_s = time.perf_counter() - start
-    result.disk_bytes = ba.tree_bytes(out)
-    result.note = note + check_count(contender, out, expected)
-
-
-def check_count(contender: Contender, out: Path, expected: int) -> str:
-    if contender.counter is None:
-        return ""
-    found = contender.counter(out)
-    return "" if found == expected else f"; COUNT MISMATCH: index says {found}, expected {expected}"
-
-
-def measure(
-    contender: Contender, workload: ba.Workload, inputs: Sequence[int], workdir: Path
-) -> ba.Result:
-    result = ba.Result(contender.label, workload.name, len(inputs), workload.payload_bytes)
-    run_dir = Path(tempfile.mkdtemp(prefix=f"opt-{contender.key}-{workload.name}-", dir=workdir))
-    try:
-        timed_run(contender, run_dir / "out", inputs, result, len(inputs))
-    except Exception:
-        result.error = traceback.format_exc()
-    finally:
-        shutil.rmtree(run_dir, ignore_errors=True)
-    return result
+def measure_call(
+    contender: Contender[Sequence[int]],
+    workload: Workload,
+    inputs: Sequence[int],
+    workdir: Path,
+) -> Result:
+    result = Result(contender.label, workload.name, len(inputs), workload.payload_bytes)
+    return measure(contender, inputs, result, workdir, f"opt-{contender.key}-{workload.name}-")
 
 
 def run_workload(
-    workload: ba.Workload, contenders: Sequence[Contender], workdir: Path, repeat: int
-) -> list[ba.Result]:
+    workload: Workload, contenders: Sequence[Contender[Sequence[int]]], workdir: Path, repeat: int
+) -> list[Result]:
     start = time.perf_counter()
     set_job(workload, Pool(workload.num_samples, workload.payload_size))
     print(
@@ -336,67 +314,54 @@ def run_workload(
         flush=True,
     )
     inputs = list(range(workload.num_samples))
-    ba.measure(
-        ba.CONTENDERS[0], workload, ba.make_samples(replace(workload, num_samples=2000)), workdir
-    )  # untimed warm-up of the disk path
-    runs: dict[str, list[ba.Result]] = {c.key: [] for c in contenders}
-    for r in range(repeat):  # round robin, so drift hits every contender alike
-        for contender in ba.shuffled(contenders, r):
-            runs[contender.key].append(measure(contender, workload, inputs, workdir))
-            print(
-                f"  [{r + 1}/{repeat}] {contender.label:<28} "
-                f"{ba.fmt(runs[contender.key][-1].total_s, '.2f')} s",
-                flush=True,
-            )
-    results = [ba.median_result(runs[c.key]) for c in contenders]
-    for result in results:
-        if result.error:
-            print(f"ERROR in {result.contender}:\n{result.error}", file=sys.stderr)
-    return results
+    warm_up(make_samples(replace(workload, num_samples=2000)), workload, workdir)
+    return round_robin(contenders, repeat, lambda c: measure_call(c, workload, inputs, workdir))
 
 
 # --------------------------------------------------------------------------- small append
 
 
-def append_contenders() -> list[Contender]:
+def append_contenders() -> list[Contender[Sequence[int]]]:
     return [
-        Contender(
+        contender(
             "txstore-append-1",
             "txstore optimize append, 1w",
             "txstore",
             1,
             lambda o, i: run_txstore(o, i, 1, None, "append"),
+            count_txstore,
         ),
-        Contender(
+        contender(
             "txstore-append-2",
             "txstore optimize append, 2w",
             "txstore",
             2,
             lambda o, i: run_txstore(o, i, 2, None, "append"),
+            count_txstore,
         ),
-        Contender(
+        contender(
             "litdata-append-1",
             "LitData optimize append, 1w",
             "litdata",
             1,
             lambda o, i: run_litdata(o, i, 1, "append"),
-            ba.count_litdata,
+            count_litdata,
         ),
-        Contender(
+        contender(
             "litdata-append-2",
             "LitData optimize append, 2w",
             "litdata",
             2,
             lambda o, i: run_litdata(o, i, 2, "append"),
-            ba.count_litdata,
+            count_litdata,
         ),
-        Contender(
+        contender(
             "mds-append-1",
             "MDS new partition + merge_index",
             "mds",
             1,
             mds_append,
-            ba.count_mds,
+            count_mds,
         ),
     ]
 
@@ -419,40 +384,26 @@ def build_append_bases(base_dir: Path, inputs: Sequence[int]) -> dict[str, Path]
     bases["mds"].mkdir()
     run_mds_processes(bases["mds"], inputs, 1, 0)
     merge_mds_partitions(bases["mds"])
-    ba.fsync_tree(base_dir)
+    fsync_tree(base_dir)
     return bases
 
 
 def measure_append(
-    contender: Contender, base: Path, inputs: Sequence[int], total: int, workdir: Path
-) -> ba.Result:
+    contender: Contender[Sequence[int]],
+    base: Path,
+    inputs: Sequence[int],
+    total: int,
+    workdir: Path,
+) -> Result:
     """Append ``inputs`` to a fresh copy of ``base`` (the copy is not timed)."""
     payload = len(inputs) * (_WORKLOAD.payload_size if _WORKLOAD else 0)
-    result = ba.Result(contender.label, "W1+1%", len(inputs), payload)
-    run_dir = Path(tempfile.mkdtemp(prefix=f"opt-{contender.key}-", dir=workdir))
-    try:
-        out = run_dir / "out"
-        shutil.copytree(base, out)
-        timed_run(contender, out, inputs, result, total)
-        if contender.family == "txstore":
-            result.note += check_txstore_count(out, total)
-    except Exception:
-        result.error = traceback.format_exc()
-    finally:
-        shutil.rmtree(run_dir, ignore_errors=True)
-    return result
-
-
-def check_txstore_count(out: Path, expected: int) -> str:
-    import txstore
-
-    found = len(txstore.open(str(out)).snapshot())
-    return "" if found == expected else f"; COUNT MISMATCH: {found}, expected {expected}"
+    result = Result(contender.label, "W1+1%", len(inputs), payload)
+    return measure(contender, inputs, result, workdir, f"opt-{contender.key}-", base, total)
 
 
 def run_append(
-    workload: ba.Workload, contenders: Sequence[Contender], workdir: Path, repeat: int
-) -> list[ba.Result]:
+    workload: Workload, contenders: Sequence[Contender[Sequence[int]]], workdir: Path, repeat: int
+) -> list[Result]:
     set_job(
         workload,
         Pool(
@@ -471,22 +422,15 @@ def run_append(
         start = time.perf_counter()
         bases = build_append_bases(base_dir, base_inputs)
         print(f"  existing datasets built in {time.perf_counter() - start:.1f} s (not timed)")
-        runs: dict[str, list[ba.Result]] = {c.key: [] for c in contenders}
-        for r in range(repeat):
-            for c in contenders:
-                runs[c.key].append(measure_append(c, bases[c.family], added, total, workdir))
-                print(
-                    f"  [{r + 1}/{repeat}] {c.label:<32} "
-                    f"{ba.fmt(runs[c.key][-1].total_s, '.3f')} s",
-                    flush=True,
-                )
+        return round_robin(
+            contenders,
+            repeat,
+            lambda c: measure_append(c, bases[c.family], added, total, workdir),
+            shuffle=False,
+            digits=".3f",
+        )
     finally:
         shutil.rmtree(base_dir, ignore_errors=True)
-    results = [ba.median_result(runs[c.key]) for c in contenders]
-    for result in results:
-        if result.error:
-            print(f"ERROR in {result.contender}:\n{result.error}", file=sys.stderr)
-    return results
 
 
 def litdata_fixed_costs(workdir: Path) -> dict[str, float | None]:
@@ -509,34 +453,9 @@ def litdata_fixed_costs(workdir: Path) -> dict[str, float | None]:
 # --------------------------------------------------------------------------- reporting
 
 
-def print_table(results: Sequence[ba.Result], title: str, digits: str = "8.2f") -> None:
-    print(f"\n{title}")
-    header = (
-        f"| {'contender':<32} | {'wl':<5} | {'write s':>8} | {'fsync s':>7} | {'total s':>8} "
-        f"| {'samples/s':>10} | {'MB/s':>7} | {'disk MB':>8} | x plain | runs (total s) |"
-    )
-    print(header)
-    print("|" + "|".join("-" * len(cell) for cell in header.split("|")[1:-1]) + "|")
-    for r in results:
-        disk = None if r.disk_bytes is None else r.disk_bytes / MB
-        plain = ba.rate_of(ba.find(results, "plain file (write+fsync)", r.workload))
-        vs_plain = ba.ratio(r.samples_per_s, plain)
-        spread = ", ".join(format(t, digits.lstrip("0123456789")) for t in r.run_totals_s)
-        print(
-            f"| {r.contender:<32} | {r.workload:<5} | {ba.fmt(r.write_s, digits)} "
-            f"| {ba.fmt(r.fsync_s, '7.3f')} | {ba.fmt(r.total_s, digits)} "
-            f"| {ba.fmt(r.samples_per_s, '10,.0f')} | {ba.fmt(r.mb_per_s, '7.1f')} "
-            f"| {ba.fmt(disk, '8.1f')} | {ba.fmt(vs_plain, '7.3f')} | {spread or '-'} |"
-        )
-
-
-def print_notes(results: Sequence[ba.Result]) -> None:
-    for r in results:
-        status = "ERROR (traceback above)" if r.error else r.note
-        print(f"  {r.workload} {r.contender:<32} {status}")
-
-
-def ratios(results: Sequence[ba.Result], contenders: Sequence[Contender]) -> list[dict[str, Any]]:
+def ratios(
+    results: Sequence[Result], contenders: Sequence[Contender[Sequence[int]]]
+) -> list[dict[str, Any]]:
     """txstore's samples/s over each peer's, same workload and same number of processes."""
     by_key = {c.label: c for c in contenders}
     rows = []
@@ -555,7 +474,7 @@ def ratios(results: Sequence[ba.Result], contenders: Sequence[Contender]) -> lis
                     ),
                     None,
                 )
-                value = ba.ratio(ours.samples_per_s, ba.rate_of(theirs))
+                value = ratio(ours.samples_per_s, rate_of(theirs))
                 rows.append(
                     {
                         "workload": workload,
@@ -579,18 +498,18 @@ def print_ratios(rows: Sequence[dict[str, Any]]) -> None:
         target = "  -   " if row["target"] is None else f">= {row['target']:<3}"
         print(
             f"| {row['workload']} | {row['txstore']:<28} | {row['peer']:<30} "
-            f"| {ba.fmt(row['ratio'], '6.2f')} | {target} | {met:<3} |"
+            f"| {fmt(row['ratio'], '6.2f')} | {target} | {met:<3} |"
         )
 
 
-def print_append_verdict(results: Sequence[ba.Result]) -> list[dict[str, Any]]:
+def print_append_verdict(results: Sequence[Result]) -> list[dict[str, Any]]:
     rows = []
     for r in results:
         if r.contender.startswith("txstore"):
             met = r.total_s is not None and r.total_s < TARGET_APPEND_S
             rows.append({"contender": r.contender, "total_s": r.total_s, "met": met})
             print(
-                f"  {r.contender}: {ba.fmt(r.total_s, '.3f')} s "
+                f"  {r.contender}: {fmt(r.total_s, '.3f')} s "
                 f"(target: well under {TARGET_APPEND_S:.0f} s -> {'yes' if met else 'NO'})"
             )
     return rows
@@ -599,7 +518,7 @@ def print_append_verdict(results: Sequence[ba.Result]) -> list[dict[str, Any]]:
 # --------------------------------------------------------------------------- profiling
 
 
-def profile_txstore(workload: ba.Workload, workdir: Path, top: int) -> None:
+def profile_txstore(workload: Workload, workdir: Path, top: int) -> None:
     """cProfile of txstore optimize, 1 worker (in process, so the profile sees the work)."""
     set_job(workload, Pool(workload.num_samples, workload.payload_size))
     run_dir = Path(tempfile.mkdtemp(prefix="opt-profile-", dir=workdir))
@@ -626,10 +545,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--json", type=Path, help="write all results to this JSON file")
     parser.add_argument("--repeat", type=int, default=3, help="runs per contender; median kept")
     parser.add_argument(
-        "--settle", type=float, default=ba.SETTLE_S, help="s to wait before each run (default 0)"
+        "--settle", type=float, default=settle_s(), help="s to wait before each run (default 0)"
     )
     parser.add_argument(
-        "--workdir", type=Path, default=ba.default_workdir(), help="where temp dirs go (same disk)"
+        "--workdir", type=Path, default=default_workdir(), help="where temp dirs go (same disk)"
     )
     parser.add_argument("--workloads", default="W1,W2", help="comma-separated subset of W1,W2")
     parser.add_argument(
@@ -650,14 +569,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def run_throughput(args: argparse.Namespace, report: dict[str, Any]) -> None:
     contenders = throughput_contenders()
     if args.contenders:
-        contenders = ba.selected(args.contenders, contenders, "key")
-    workloads = [
-        ba.scaled(w, args.quick) for w in ba.selected(args.workloads, ba.WORKLOADS, "name")
-    ]
-    results: list[ba.Result] = []
+        contenders = selected(args.contenders, contenders, "key")
+    workloads = [scaled(w, args.quick) for w in selected(args.workloads, WORKLOADS, "name")]
+    results: list[Result] = []
     for workload in workloads:
         results += run_workload(workload, contenders, args.workdir, args.repeat)
-    print_table(results, "throughput (median of the repeats; total = call + fsync of its output)")
+    print_write_table(
+        results,
+        PLAIN_LABEL,
+        "throughput (median of the repeats; total = call + fsync of its output)",
+    )
     print_notes(results)
     rows = ratios(results, contenders)
     print_ratios(rows)
@@ -666,18 +587,21 @@ def run_throughput(args: argparse.Namespace, report: dict[str, Any]) -> None:
 
 
 def run_small_append(args: argparse.Namespace, report: dict[str, Any]) -> None:
-    workload = ba.scaled(ba.WORKLOADS[0], args.quick)
+    workload = scaled(WORKLOADS[0], args.quick)
     contenders = append_contenders()
     results = run_append(workload, contenders, args.workdir, args.repeat)
-    print_table(
-        results, "small append (median; the copy of the existing dataset is not timed)", "8.3f"
+    print_write_table(
+        results,
+        PLAIN_LABEL,
+        "small append (median; the copy of the existing dataset is not timed)",
+        ".3f",
     )
     print_notes(results)
     costs = litdata_fixed_costs(args.workdir)
     print(
         f"\nLitData optimize() fixed cost, one tiny sample, 1 worker: "
-        f"{ba.fmt(costs['fork'], '.2f')} s with fork (used above), "
-        f"{ba.fmt(costs['spawn'], '.2f')} s with spawn (its default outside notebooks)"
+        f"{fmt(costs['fork'], '.2f')} s with fork (used above), "
+        f"{fmt(costs['spawn'], '.2f')} s with spawn (its default outside notebooks)"
     )
     report["append"] = [r.to_json() for r in results]
     report["append_verdict"] = print_append_verdict(results)
@@ -685,15 +609,16 @@ def run_small_append(args: argparse.Namespace, report: dict[str, Any]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    started = time.perf_counter()
     args = parse_args(argv)
-    ba.SETTLE_S = args.settle
+    set_settle(args.settle)
     logging.disable(logging.WARNING)  # MosaicML's "directory exists" and temp-folder notices
-    info = ba.machine_info(args.workdir)
-    ba.print_machine(info)
-    report: dict[str, Any] = {"machine": info, "quick": args.quick, "argv": sys.argv[1:]}
-    ba.import_txstore()
-    ba.import_litdata()
-    ba.import_mds_writer()
+    info = machine_info(args.workdir)
+    print_machine(info)
+    report = new_report("bench_optimize", info, args.quick, repeat=args.repeat)
+    import_txstore()
+    import_litdata()
+    import_mds_writer()
     print(
         "inputs: integer indices; fn builds {id, payload[, label]} from a pre-generated "
         "os.urandom pool"
@@ -704,11 +629,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.skip_append:
         run_small_append(args, report)
     if args.profile:
-        for workload in ba.selected(args.workloads, ba.WORKLOADS, "name"):
-            profile_txstore(ba.scaled(workload, args.quick), args.workdir, 25)
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
-        print(f"\nresults written to {args.json}")
+        for workload in selected(args.workloads, WORKLOADS, "name"):
+            profile_txstore(scaled(workload, args.quick), args.workdir, 25)
+    finish_report(report, args.json, started)
     return 0
 
 

@@ -1,6 +1,6 @@
 """Read speed of txstore side by side with LitData and MosaicML Streaming.
 
-Issue 3, item 7. Each workload is written once per contender (not timed); then every
+Each workload is written once per contender (not timed); then every
 measurement runs in a fresh child process, round robin over the contenders, with the page cache
 warm (every file of the dataset read just before) and cold (caches dropped after the dataset is
 opened, just before the timed part):
@@ -33,16 +33,35 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import bench_append as ba
+from txbench.measure import check_complete
+from txbench.output import finish_report, fmt, markdown_table, new_report, ratio
+from txbench.peers import import_mds_writer, txstore_append, write_litdata_binarywriter, write_mds
+from txbench.system import (
+    dataset_files,
+    default_workdir,
+    drop_page_cache,
+    fsync_tree,
+    machine_info,
+    print_machine,
+    warm_files,
+)
+from txbench.workloads import (
+    CHUNK_BYTES,
+    MB,
+    WORKLOADS,
+    Sample,
+    Workload,
+    make_samples,
+    scaled,
+    selected,
+)
 
-MB = 1_000_000
 PAGE = 4096
-CHUNK_BYTES = 64 * 2**20
 BATCH_SIZE = 64
 NUM_WORKERS = 2
 RANDOM_INDICES = 5_000
@@ -128,35 +147,6 @@ class PayloadCollate:
 
 
 # --------------------------------------------------------------------------- page cache
-
-
-def dataset_files(root: Path) -> list[Path]:
-    return sorted(p for p in root.rglob("*") if p.is_file())
-
-
-def warm_files(paths: Iterable[Path]) -> None:
-    """Read every file once, so that it is in the page cache."""
-    for path in paths:
-        with open(path, "rb", buffering=0) as f:
-            while f.read(8 * 2**20):
-                pass
-
-
-def drop_page_cache(paths: Sequence[Path]) -> str:
-    """Drop the page cache: all of it if we may, else the dataset's files (fadvise)."""
-    os.sync()
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return "drop_caches"
-    except OSError:
-        for path in paths:
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
-        return "fadvise"
 
 
 def resident_fraction(paths: Sequence[Path]) -> float | None:
@@ -299,11 +289,12 @@ class Task:
 
     task: str
     variant: str
-    workload: ba.Workload
+    workload: Workload
     path: str
     cache: str
     num_indices: int
     profile: str | None = None
+    workers: int = NUM_WORKERS  # DataLoader workers (dl only)
 
     def to_json(self) -> str:
         data = asdict(self)
@@ -312,7 +303,7 @@ class Task:
     @staticmethod
     def from_json(text: str) -> Task:
         data = json.loads(text)
-        data["workload"] = ba.Workload(**data["workload"])
+        data["workload"] = Workload(**data["workload"])
         return Task(**data)
 
 
@@ -340,7 +331,7 @@ def open_litdata(task: Task) -> Any:
 
 
 def open_mds(task: Task) -> Any:
-    ba.import_mds_writer()  # stubs streaming.vision when torchvision is absent
+    import_mds_writer()  # stubs streaming.vision when torchvision is absent
     from streaming import StreamingDataset  # type: ignore[import-not-found]
     from streaming.base.util import clean_stale_shared_memory  # type: ignore[import-not-found]
 
@@ -356,10 +347,10 @@ def open_memory(task: Task) -> Any:
     """
     from torch.utils.data import IterableDataset, get_worker_info
 
-    samples = ba.make_samples(task.workload)
+    samples = make_samples(task.workload)
 
-    class InMemory(IterableDataset[ba.Sample]):
-        def __iter__(self) -> Iterator[ba.Sample]:
+    class InMemory(IterableDataset[Sample]):
+        def __iter__(self) -> Iterator[Sample]:
             info = get_worker_info()
             worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
             share = -(-len(samples) // workers)
@@ -376,10 +367,10 @@ OPENERS: dict[str, Callable[[Task], Any]] = {
 }
 
 
-def make_loader(store: str, dataset: Any, payload_field: str) -> Any:
+def make_loader(store: str, dataset: Any, payload_field: str, workers: int) -> Any:
     kwargs: dict[str, Any] = {
         "batch_size": BATCH_SIZE,
-        "num_workers": NUM_WORKERS,
+        "num_workers": workers,
         "collate_fn": PayloadCollate(payload_field),
     }
     if store == "txstore":
@@ -398,15 +389,7 @@ def make_loader(store: str, dataset: Any, payload_field: str) -> Any:
 # --------------------------------------------------------------------------- child: measure
 
 
-def check_complete(count: int, id_sum: int, workload: ba.Workload) -> str:
-    """Every sample exactly once: the count and the sum of ids match."""
-    n = workload.num_samples
-    if count == n and id_sum == n * (n - 1) // 2:
-        return "ok"
-    return f"MISMATCH: {count} samples, id sum {id_sum} (expected {n}, {n * (n - 1) // 2})"
-
-
-def measure_sequential(dataset: Any, workload: ba.Workload) -> dict[str, Any]:
+def measure_sequential(dataset: Any, workload: Workload) -> dict[str, Any]:
     key = workload.payload_field
     count = id_sum = nbytes = 0
     start = time.perf_counter()
@@ -415,7 +398,9 @@ def measure_sequential(dataset: Any, workload: ba.Workload) -> dict[str, Any]:
         id_sum += int(sample["id"])
         nbytes += touch(sample[key])
     elapsed = time.perf_counter() - start
-    return throughput(count, nbytes, elapsed) | {"check": check_complete(count, id_sum, workload)}
+    return throughput(count, nbytes, elapsed) | {
+        "check": check_complete(count, id_sum, workload.num_samples)
+    }
 
 
 def measure_loader(task: Task, dataset: Any, store: str) -> dict[str, Any]:
@@ -423,7 +408,7 @@ def measure_loader(task: Task, dataset: Any, store: str) -> dict[str, Any]:
     count = id_sum = nbytes = 0
     first_batch_s = None
     start = time.perf_counter()
-    loader = make_loader(store, dataset, key)
+    loader = make_loader(store, dataset, key, task.workers)
     for batch in loader:
         if first_batch_s is None:
             first_batch_s = time.perf_counter() - start
@@ -436,7 +421,7 @@ def measure_loader(task: Task, dataset: Any, store: str) -> dict[str, Any]:
     result = throughput(count, nbytes, elapsed)
     return result | {
         "first_batch_s": first_batch_s,
-        "check": check_complete(count, id_sum, task.workload),
+        "check": check_complete(count, id_sum, task.workload.num_samples),
     }
 
 
@@ -460,7 +445,7 @@ def untimed_index(indices: Sequence[int]) -> int:
     return next(i for i in range(len(timed) + 1) if i not in timed)
 
 
-def measure_random(dataset: Any, workload: ba.Workload, indices: Sequence[int]) -> dict[str, Any]:
+def measure_random(dataset: Any, workload: Workload, indices: Sequence[int]) -> dict[str, Any]:
     key = workload.payload_field
     latencies_us: list[float] = []
     wrong = 0
@@ -540,15 +525,15 @@ def child_main(task: Task) -> dict[str, Any]:
 # --------------------------------------------------------------------------- parent: datasets
 
 
-def write_txstore(out: Path, samples: Sequence[ba.Sample], workload: ba.Workload) -> str:
-    note = ba._txstore_append(out, samples, chunk_bytes=CHUNK_BYTES)
+def write_txstore(out: Path, samples: Sequence[Sample], workload: Workload) -> str:
+    note = txstore_append(out, samples, chunk_bytes=CHUNK_BYTES)
     return note + ", default compression (zstd; random payloads stored raw)"
 
 
-WRITERS: dict[str, ba.WriteFn] = {
+WRITERS: dict[str, Callable[[Path, Sequence[Sample], Workload], str]] = {
     "txstore": write_txstore,
-    "litdata": ba.write_litdata_binarywriter,
-    "mds": ba.write_mds,
+    "litdata": write_litdata_binarywriter,
+    "mds": write_mds,
 }
 
 
@@ -562,11 +547,9 @@ class Dataset:
     note: str
 
 
-def write_datasets(
-    workload: ba.Workload, stores: Sequence[str], run_dir: Path
-) -> dict[str, Dataset]:
+def write_datasets(workload: Workload, stores: Sequence[str], run_dir: Path) -> dict[str, Dataset]:
     start = time.perf_counter()
-    samples = ba.make_samples(workload)
+    samples = make_samples(workload)
     print(f"\n{workload.describe()}: generated in {time.perf_counter() - start:.1f} s")
     datasets = {}
     for store in stores:
@@ -576,7 +559,7 @@ def write_datasets(
             continue
         start = time.perf_counter()
         note = WRITERS[store](out, samples, workload)
-        ba.fsync_tree(out)
+        fsync_tree(out)
         elapsed = time.perf_counter() - start
         files = dataset_files(out)
         size = sum(p.stat().st_size for p in files)
@@ -613,18 +596,23 @@ class RunKey:
     cache: str
     task: str
     variant: str
+    workers: int = NUM_WORKERS  # DataLoader workers; the default for the other tasks
+
+    def label(self) -> str:
+        label = find_variant(self.task, self.variant).label
+        return label if self.workers == NUM_WORKERS else f"{label}, {self.workers} workers"
 
 
 def profile_path(args: argparse.Namespace, key: RunKey, repeat: int) -> str | None:
     if not args.profile or not key.variant.startswith("tx"):
         return None
     args.profile.mkdir(parents=True, exist_ok=True)
-    name = f"{key.workload}-{key.cache}-{key.task}-{key.variant}-{repeat}.prof"
+    name = f"{key.workload}-{key.cache}-{key.task}-{key.variant}-{key.workers}-{repeat}.prof"
     return str(args.profile / name)
 
 
 def run_rounds(
-    workload: ba.Workload,
+    workload: Workload,
     datasets: dict[str, Dataset],
     variants: Sequence[Variant],
     args: argparse.Namespace,
@@ -634,16 +622,16 @@ def run_rounds(
     for repeat in range(args.repeat):
         for cache in args.caches:
             for v in variants:
-                key = RunKey(workload.name, cache, v.task, v.key)
-                result = run_one(workload, datasets[v.store], v, key, args, repeat)
-                runs.setdefault(key, []).append(result)
+                for workers in args.workers if v.task == "dl" else [NUM_WORKERS]:
+                    key = RunKey(workload.name, cache, v.task, v.key, workers)
+                    result = run_one(workload, datasets[v.store], key, args, repeat)
+                    runs.setdefault(key, []).append(result)
     return runs
 
 
 def run_one(
-    workload: ba.Workload,
+    workload: Workload,
     dataset: Dataset,
-    variant: Variant,
     key: RunKey,
     args: argparse.Namespace,
     repeat: int,
@@ -658,11 +646,12 @@ def run_one(
         key.cache,
         args.indices,
         profile_path(args, key, repeat),
+        key.workers,
     )
     result = run_child(task, args.timeout)
     print(
         f"  [{repeat + 1}/{args.repeat}] {workload.name} {key.cache:<4} {key.task:<3} "
-        f"{variant.label:<40} {summary_of(key.task, result)}",
+        f"{key.label():<40} {summary_of(key.task, result)}",
         flush=True,
     )
     if "error" in result:
@@ -678,7 +667,7 @@ def summary_of(task: str, result: dict[str, Any]) -> str:
         return f"p50 {result['p50_us']:8.1f} us  p90 {result['p90_us']:8.1f} us{check}"
     line = f"{result['samples_per_s']:10,.0f} samples/s {result['mb_per_s']:8.1f} MB/s"
     if task == "dl":
-        line += f"  first batch {ba.fmt(result['first_batch_s'], '.3f')} s"
+        line += f"  first batch {fmt(result['first_batch_s'], '.3f')} s"
     return line + f"  peak {result['peak_rss_mb']:.0f} MB{check}"
 
 
@@ -827,7 +816,7 @@ def comparison_rows(
                         "cache": cache,
                         "metric": c.metric,
                         "peer": find_variant(c.task, c.theirs).label,
-                        "ratio": ba.ratio(ours, theirs),
+                        "ratio": ratio(ours, theirs),
                         "better": c.better,
                     }
                 )
@@ -845,7 +834,7 @@ def target_rows(
                 theirs = value_of(medians, workload, cache, t.task, t.theirs, t.field)
                 if ours is None and theirs is None:
                     continue  # not measured in this run
-                value = ba.ratio(ours, theirs)
+                value = ratio(ours, theirs)
                 met = None
                 if value is not None:
                     met = value >= t.bound if t.better == "higher" else value <= t.bound
@@ -865,17 +854,6 @@ def target_rows(
 # --------------------------------------------------------------------------- printing
 
 
-def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
-
-    def line(cells: Sequence[str]) -> str:
-        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
-
-    return [line(headers), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [
-        line(r) for r in rows
-    ]
-
-
 def spread_text(values: Sequence[float], spec: str) -> str:
     return "/".join(format(v, spec) for v in values)
 
@@ -884,7 +862,7 @@ def throughput_rows(medians: dict[RunKey, dict[str, Any]], keys: Sequence[RunKey
     rows = []
     for key in keys:
         m = medians[key]
-        label = find_variant(key.task, key.variant).label
+        label = key.label()
         if "error" in m:
             rows.append([key.workload, key.cache, label, "ERROR", "", "", "", "", ""])
             continue
@@ -893,11 +871,11 @@ def throughput_rows(medians: dict[RunKey, dict[str, Any]], keys: Sequence[RunKey
                 key.workload,
                 key.cache,
                 label,
-                ba.fmt(m["samples_per_s"], ",.0f"),
-                ba.fmt(m["mb_per_s"], ",.0f"),
-                ba.fmt(m["first_batch_s"], ".3f"),
-                ba.fmt(m["peak_rss_mb"], ",.0f"),
-                ba.fmt(m["peak_anon_mb"], ",.0f"),
+                fmt(m["samples_per_s"], ",.0f"),
+                fmt(m["mb_per_s"], ",.0f"),
+                fmt(m["first_batch_s"], ".3f"),
+                fmt(m["peak_rss_mb"], ",.0f"),
+                fmt(m["peak_anon_mb"], ",.0f"),
                 spread_text(m["spread"], ".0f") + ("" if m["check"] == "ok" else " " + m["check"]),
             ]
         )
@@ -908,7 +886,7 @@ def latency_rows(medians: dict[RunKey, dict[str, Any]], keys: Sequence[RunKey]) 
     rows = []
     for key in keys:
         m = medians[key]
-        label = find_variant(key.task, key.variant).label
+        label = key.label()
         if "error" in m:
             rows.append([key.workload, key.cache, label, "ERROR", "", "", ""])
             continue
@@ -917,9 +895,9 @@ def latency_rows(medians: dict[RunKey, dict[str, Any]], keys: Sequence[RunKey]) 
                 key.workload,
                 key.cache,
                 label,
-                ba.fmt(m["p50_us"], ",.1f"),
-                ba.fmt(m["p90_us"], ",.1f"),
-                ba.fmt(m["mean_us"], ",.1f"),
+                fmt(m["p50_us"], ",.1f"),
+                fmt(m["p90_us"], ",.1f"),
+                fmt(m["mean_us"], ",.1f"),
                 spread_text(m["spread"], ".1f") + ("" if m["check"] == "ok" else " " + m["check"]),
             ]
         )
@@ -963,7 +941,7 @@ def print_comparisons(rows: Sequence[dict[str, Any]]) -> None:
             r["cache"],
             r["metric"],
             r["peer"],
-            ba.fmt(r["ratio"], ".2f"),
+            fmt(r["ratio"], ".2f"),
             "txstore better" if is_better(r) else ("peer better" if r["ratio"] else "-"),
         ]
         for r in rows
@@ -986,7 +964,7 @@ def print_targets(rows: Sequence[dict[str, Any]]) -> None:
             r["target"],
             r["workload"],
             r["cache"],
-            ba.fmt(r["ratio"], ".3f"),
+            fmt(r["ratio"], ".3f"),
             "?" if r["met"] is None else ("met" if r["met"] else "NOT MET"),
         ]
         for r in rows
@@ -1000,7 +978,7 @@ def print_cold_check(medians: dict[RunKey, dict[str, Any]]) -> None:
         return
     methods = sorted({str(m.get("drop_method")) for m in cold})
     resident = [m["resident_after_drop"] for m in cold if m["resident_after_drop"] is not None]
-    worst = ba.fmt(max(resident) if resident else None, ".1%")
+    worst = fmt(max(resident) if resident else None, ".1%")
     print(
         f"\ncold runs: page cache dropped by {', '.join(methods)}; dataset pages still "
         f"resident right after the drop: at most {worst} (median of repeats, mincore)"
@@ -1017,7 +995,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="10x smaller workloads (smoke run)")
     parser.add_argument("--json", type=Path, help="write all results to this JSON file")
     parser.add_argument(
-        "--workdir", type=Path, default=ba.default_workdir(), help="where datasets go (same disk)"
+        "--workdir", type=Path, default=default_workdir(), help="where datasets go (same disk)"
     )
     parser.add_argument(
         "--repeat", type=int, help="runs per measurement, round robin; default 3 (--quick: 1)"
@@ -1033,6 +1011,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="comma-separated subset of seq (sequential), dl (DataLoader), ra (random access)",
     )
     parser.add_argument("--indices", type=int, help="random indices for ds[i]; default 5,000")
+    parser.add_argument(
+        "--workers",
+        default=str(NUM_WORKERS),
+        help=f"comma-separated DataLoader worker counts for dl; default {NUM_WORKERS} (the "
+        "comparisons and targets use that count)",
+    )
     parser.add_argument("--timeout", type=float, default=CHILD_TIMEOUT_S, help="per child, s")
     parser.add_argument("--profile", type=Path, help="cProfile txstore's runs into this folder")
     parser.add_argument("--keep", action="store_true", help="keep the written datasets")
@@ -1044,6 +1028,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.indices is None:
         args.indices = QUICK_RANDOM_INDICES if args.quick else RANDOM_INDICES
     args.caches = split_choices(args.cache, CACHES)
+    try:
+        args.workers = [int(w) for w in args.workers.split(",") if w.strip()]
+    except ValueError:
+        raise SystemExit(f"--workers: not a list of integers: {args.workers!r}") from None
+    if not args.workers or min(args.workers) < 0:
+        raise SystemExit(f"--workers: give worker counts >= 0, not {args.workers!r}")
     return args
 
 
@@ -1062,7 +1052,7 @@ def selected_variants(args: argparse.Namespace) -> list[Variant]:
 
 
 def run_workload(
-    workload: ba.Workload, variants: Sequence[Variant], args: argparse.Namespace
+    workload: Workload, variants: Sequence[Variant], args: argparse.Namespace
 ) -> tuple[dict[RunKey, list[dict[str, Any]]], dict[str, Any]]:
     stores = sorted({v.store for v in variants}, key=STORES.index)
     run_dir = Path(tempfile.mkdtemp(prefix=f"bench-read-{workload.name}-", dir=args.workdir))
@@ -1088,7 +1078,8 @@ def describe_method(args: argparse.Namespace) -> None:
         f"(bytes(v[::{PAGE}])), for every contender alike\n"
         f"warm: every file of the dataset read just before; cold: page cache dropped after "
         f"the dataset is opened, right before the timed part\n"
-        f"DataLoader: {NUM_WORKERS} workers, batch {BATCH_SIZE}, one shared collate_fn "
+        f"DataLoader: {'/'.join(map(str, args.workers))} workers, batch {BATCH_SIZE}, one "
+        "shared collate_fn "
         f"(ids -> tensor, payloads -> list of bytes); samples/s over the whole epoch, "
         f"worker start included\n"
         f"ds[i]: {args.indices:,} random indices (seed {INDEX_SEED}), the same for everyone, "
@@ -1098,10 +1089,6 @@ def describe_method(args: argparse.Namespace) -> None:
         f"{RSS_INTERVAL_S * 1000:.0f} ms (getrusage would report the launcher's RSS, "
         f"which ru_maxrss keeps across exec)"
     )
-
-
-def format_load(load: Sequence[float]) -> str:
-    return " ".join(f"{x:.2f}" for x in load) + f" (1, 5, 15 min; {os.cpu_count()} CPUs)"
 
 
 def freeze_txstore(into: Path) -> str:
@@ -1146,28 +1133,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run_bench(args: argparse.Namespace, txstore_digest: str) -> None:
-    info = ba.machine_info(args.workdir) | {
-        "load_at_start": os.getloadavg(),
-        "txstore_frozen_sha256": txstore_digest,
-    }
-    ba.print_machine(info)
+    started = time.perf_counter()
+    info = machine_info(args.workdir) | {"txstore_frozen_sha256": txstore_digest}
+    print_machine(info)
     print(
         f"txstore copied at start (sha256 of its .py files {txstore_digest}): every child "
         "imports that copy"
     )
-    print(f"load average at start: {format_load(info['load_at_start'])}")
     describe_method(args)
     variants = selected_variants(args)
-    workloads = [
-        ba.scaled(w, args.quick) for w in ba.selected(args.workloads, ba.WORKLOADS, "name")
-    ]
+    workloads = [scaled(w, args.quick) for w in selected(args.workloads, WORKLOADS, "name")]
     runs: dict[RunKey, list[dict[str, Any]]] = {}
     written: dict[str, Any] = {}
     for workload in workloads:
         workload_runs, written[workload.name] = run_workload(workload, variants, args)
         runs.update(workload_runs)
-    info["load_at_end"] = os.getloadavg()
-    print(f"\nload average at end: {format_load(info['load_at_end'])}")
     medians = aggregate(runs)
     names = [w.name for w in workloads]
     comparisons = comparison_rows(medians, names, args.caches)
@@ -1176,10 +1156,8 @@ def run_bench(args: argparse.Namespace, txstore_digest: str) -> None:
     print_cold_check(medians)
     print_comparisons(comparisons)
     print_targets(targets)
-    if args.json:
-        report = json_report(args, info, written, runs, medians, comparisons, targets)
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
-        print(f"\nresults written to {args.json}")
+    report = json_report(args, info, written, runs, medians, comparisons, targets)
+    finish_report(report, args.json, started)
 
 
 def json_report(
@@ -1191,20 +1169,19 @@ def json_report(
     comparisons: list[dict[str, Any]],
     targets: list[dict[str, Any]],
 ) -> dict[str, Any]:
-    return {
-        "machine": info,
-        "quick": args.quick,
-        "argv": sys.argv[1:],
-        "repeat": args.repeat,
-        "written": written,
-        "results": [
-            asdict(key)
-            | {"label": find_variant(key.task, key.variant).label, "median": m, "runs": runs[key]}
+    return new_report(
+        "bench_read",
+        info,
+        args.quick,
+        repeat=args.repeat,
+        written=written,
+        results=[
+            asdict(key) | {"label": key.label(), "median": m, "runs": runs[key]}
             for key, m in medians.items()
         ],
-        "comparisons": comparisons,
-        "targets": targets,
-    }
+        comparisons=comparisons,
+        targets=targets,
+    )
 
 
 if __name__ == "__main__":

@@ -1,0 +1,761 @@
+"""Generate docs/benchmarks.md and its plots from the benchmarks' JSON reports.
+
+    python bench/report.py bench/results/*.json [--out docs/benchmarks.md] [--img docs/img]
+
+Each input is the ``--json`` output of one script (bench_append.py, its --commit-latency part,
+bench_optimize.py, bench_read.py, bench_fields.py); the script that wrote it is in its
+``script`` field. A section appears for every kind of report given; the plots need matplotlib
+(in the bench venv, never a txstore dependency).
+"""
+
+# ruff: noqa: RUF001, RUF002  (the report writes the multiplication sign on purpose)
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from txbench.output import fmt, markdown_table
+
+Report = dict[str, Any]
+Row = dict[str, Any]
+
+REPO = Path(__file__).resolve().parents[1]
+SYSTEMS = ("txstore", "LitData", "MosaicML", "plain file", "memory")
+COLORS = {
+    "txstore": "#1f77b4",
+    "LitData": "#ff7f0e",
+    "MosaicML": "#2ca02c",
+    "plain file": "#7f7f7f",
+    "memory": "#bcbd22",
+}
+
+
+def system_of(label: str) -> str:
+    """Which system a contender's label names."""
+    if label.startswith("txstore"):
+        return "txstore"
+    if label.startswith("LitData"):
+        return "LitData"
+    if label.startswith(("MDS", "MosaicML")):
+        return "MosaicML"
+    if label.startswith("plain"):
+        return "plain file"
+    return "memory"
+
+
+def faster(ours: float | None, theirs: float | None, higher_is_better: bool) -> float | None:
+    """How many times better txstore's figure is than ``theirs`` (>1: txstore better)."""
+    if ours is None or theirs is None or not ours or not theirs:
+        return None
+    return ours / theirs if higher_is_better else theirs / ours
+
+
+def x(value: float | None, spec: str = ".2f") -> str:
+    return "-" if value is None else format(value, spec) + "×"
+
+
+def load(reports: Sequence[Report]) -> str:
+    """The load averages (1 min) at the start and end of the runs that made ``reports``."""
+    parts = []
+    for r in reports:
+        m = r["machine"]
+        start, end = m.get("load_at_start"), m.get("load_at_end")
+        if start and end:
+            parts.append(f"{start[0]:.1f} → {end[0]:.1f}")
+    return ", ".join(parts) or "not recorded"
+
+
+def run_line(reports: Sequence[Report]) -> str:
+    """When, with what arguments, how long and under what load the reports were made."""
+    out = []
+    for r in reports:
+        m = r["machine"]
+        args = " ".join(r.get("argv", [])) or "(defaults)"
+        minutes = r.get("run_s", 0) / 60
+        out.append(
+            f"`{r['script']}.py {strip_paths(args)}`: started {m.get('started', '?')}, "
+            f"{minutes:.0f} min, {r.get('repeat', '?')} repeats, load average (1 min) "
+            f"{load([r])}, txstore `{m.get('txstore_revision', '?')}`"
+        )
+    return "\n".join(f"- {line}" for line in out)
+
+
+def strip_paths(args: str) -> str:
+    """The arguments without the JSON output path (which says nothing about the run)."""
+    words = args.split()
+    kept = []
+    skip = False
+    for w in words:
+        if skip:
+            skip = False
+            continue
+        if w == "--json":
+            skip = True
+            continue
+        kept.append(w)
+    return " ".join(kept)
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    return "\n".join(markdown_table(headers, rows))
+
+
+# --------------------------------------------------------------------------- plots
+
+
+class Plots:
+    """Writes PNGs into ``folder``; ``links`` maps a plot's name to its Markdown image."""
+
+    def __init__(self, folder: Path, doc: Path) -> None:
+        self.folder = folder
+        self.doc = doc
+        self.links: dict[str, str] = {}
+        try:
+            import matplotlib  # type: ignore[import-not-found, unused-ignore]
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt  # type: ignore[import-not-found, unused-ignore]
+
+            self.plt: Any = plt
+        except ImportError:
+            print("matplotlib not installed: no plots", file=sys.stderr)
+            self.plt = None
+
+    def save(self, name: str, alt: str, draw: Callable[[Any], Any]) -> str:
+        if self.plt is None:
+            return ""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        fig = draw(self.plt)
+        path = self.folder / f"{name}.png"
+        fig.savefig(path, dpi=110, bbox_inches="tight")
+        self.plt.close(fig)
+        rel = os.path.relpath(path.resolve(), self.doc.resolve().parent)
+        return f"![{alt}]({Path(rel).as_posix()})"
+
+
+def bar_panels(
+    plt: Any,
+    panels: Sequence[tuple[str, Sequence[tuple[str, float | None]]]],
+    xlabel: str,
+    ncols: int = 2,
+    log: bool = False,
+) -> Any:
+    """One horizontal bar chart per panel: (title, [(label, value)]), bars coloured by system."""
+    nrows = -(-len(panels) // ncols)
+    tallest = max(len(bars) for _, bars in panels)
+    fig, axes = plt.subplots(
+        nrows, ncols, figsize=(6.2 * ncols, 0.42 * tallest * nrows + 1.2 * nrows), squeeze=False
+    )
+    for ax, (title, bars) in zip(axes.flat, panels, strict=False):
+        labels = [label for label, _ in bars][::-1]
+        values = [value or 0.0 for _, value in bars][::-1]
+        colors = [COLORS[system_of(label)] for label in labels]
+        ax.barh(labels, values, color=colors)
+        top = max(values) if values else 1.0
+        for i, v in enumerate(values):
+            text = "-" if not v else (f"{v:,.0f}" if v >= 100 else f"{v:,.2g}")
+            ax.text(v * (1.02 if log else 1) + (0 if log else top * 0.01), i, text, va="center")
+        ax.set_title(title, fontsize=11)
+        ax.set_xlabel(xlabel)
+        if log:
+            ax.set_xscale("log")
+        else:
+            ax.set_xlim(0, top * 1.22)
+        ax.tick_params(axis="y", labelsize=9)
+        ax.grid(axis="x", alpha=0.3)
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.axis("off")
+    fig.tight_layout()
+    return fig
+
+
+# --------------------------------------------------------------------------- method
+
+
+def method_section(reports: Sequence[Report]) -> str:
+    m = reports[0]["machine"]
+    pk = m.get("packages", {})
+    loads = [r["machine"].get("load_at_start", [0])[0] for r in reports] + [
+        r["machine"].get("load_at_end", [0])[0] for r in reports
+    ]
+    return f"""## Method
+
+- **Same run, round robin, medians.** Every system runs in the same run as its peers, one
+  after another, round robin over the repeats; the write benchmarks put each repeat in its own
+  seeded random order, so that no contender always follows the same one. Each figure is the
+  median of its repeats (read: field by field); the tables give every repeat next to it.
+  Ratios are within one run: they are what to compare, not absolute figures.
+- **Same data.** Payloads are distinct random bytes (`os.urandom`), generated before any
+  timing: incompressible, and generation is not measured. Every system gets the same samples
+  (W1: 200,000 × `{{id, tokens: 2 KiB}}`; W2: 20,000 × `{{id, jpeg: 100 KiB, label}}`). MB is
+  10^6 bytes of payload.
+- **Durable writes.** A write's total is the call plus an fsync of every file and folder it
+  left, timed apart (txstore fsyncs by itself; LitData and MosaicML do not). The plain file
+  (the payload bytes written to one file, then fsync) is the disk's limit.
+- **Uncompressed peers.** LitData and MosaicML write uncompressed (LitData's zstd needs
+  pyarrow, which it does not declare); txstore is measured uncompressed and with its default
+  zstd, which stores these random payloads raw.
+- **Reads.** Each read measurement runs in a fresh child process; every reader touches the
+  same bytes (one byte of each 4 KiB page of each payload), so zero-copy readers pay for the
+  pages they hand out. *Warm*: every file read just before; *cold*: the page cache dropped
+  after the dataset is opened. One `collate_fn` for every DataLoader. Every sample's id is
+  checked (each delivered once; the right one at `ds[i]`).
+- **The machine.** {m.get("nproc")} vCPUs ({m.get("cpu")}), {m.get("memory_gib") or 0:.0f} GiB,
+  Linux VM ({m.get("platform")}), {m.get("workdir_fs")}; CPython {m.get("python")}, torch
+  {pk.get("torch")}, litdata {pk.get("litdata")}, mosaicml-streaming
+  {pk.get("mosaicml-streaming")}.
+- **Noise.** The machine is shared with other work: the load average (1 min) ran from
+  {min(loads):.1f} to {max(loads):.1f} on {m.get("nproc")} cores during these runs. Repeats of
+  one contender can differ by 2× or more under such load; read the spread of the repeats, and
+  trust ratios within a run over absolute figures. The VM also hands unused memory back to its
+  host, so a run can fall into a faster or a slower group.
+
+How each figure was made:
+
+{run_line(reports)}
+"""
+
+
+# --------------------------------------------------------------------------- writes
+
+
+def write_rows(results: Sequence[Row], workload: str) -> list[Row]:
+    return [r for r in results if r["workload"] == workload]
+
+
+def processes_of(label: str) -> int:
+    """The process count a contender's label gives (", 2w", ", 2p"), 1 if none."""
+    found = re.search(r"\b(\d+)[wp]\b", label)
+    return int(found.group(1)) if found else 1
+
+
+def write_table(
+    results: Sequence[Row], peer_labels: dict[str, str] | None = None, by_processes: bool = False
+) -> str:
+    """A write table: rate, × plain, txstore's speed-up over this row, and the repeats.
+
+    ``peer_labels``: the txstore rows to compare with, by label, and their short names.
+    ``by_processes``: compare with the txstore row of that name and as many processes (the
+    names are then label prefixes, e.g. "txstore optimize raw").
+    """
+    plain = next((r for r in results if system_of(r["contender"]) == "plain file"), None)
+    names = peer_labels or {}
+    headers = ["system", "total s", "samples/s", "MB/s", "× plain"]
+    headers += [f"{short} ÷ this" for short in names.values()]
+    headers.append("runs (total s)")
+
+    def ours(name: str, row: Row) -> Row | None:
+        for r in results:
+            if by_processes:
+                if r["contender"].startswith(name) and processes_of(r["contender"]) == processes_of(
+                    row["contender"]
+                ):
+                    return r
+            elif r["contender"] == name:
+                return r
+        return None
+
+    rows = []
+    for r in results:
+        rate = r.get("samples_per_s")
+        if r.get("error") or rate is None:
+            rows.append([r["contender"], "ERROR" if r.get("error") else r.get("note", "-")])
+            rows[-1] += [""] * (len(headers) - 2)
+            continue
+        row = [
+            r["contender"],
+            fmt(r["total_s"], ".2f" if r["total_s"] >= 1 else ".3f"),
+            fmt(rate, ",.0f"),
+            fmt(r["mb_per_s"], ",.0f"),
+            x(faster(rate, None if plain is None else plain["samples_per_s"], True)),
+        ]
+        for name in names:
+            t = ours(name, r)
+            row.append(x(faster(None if t is None else t["samples_per_s"], rate, True)))
+        row.append(" / ".join(f"{v:.2f}" for v in r.get("run_totals_s", [])))
+        rows.append(row)
+    return table(headers, rows)
+
+
+def append_section(report: Report, plots: Plots) -> str:
+    results = report["results"]
+    workloads = sorted({r["workload"] for r in results})
+    short = {"txstore append (zstd)": "txstore zstd", "txstore append (none)": "txstore raw"}
+    parts = [
+        "## Append: writing a dataset\n",
+        "`bench_append.py`: each system writes the workload from a generator into a fresh "
+        "folder, in one process; txstore `create(path).append(samples)`, MosaicML `MDSWriter`, "
+        "LitData `BinaryWriter` (its in-process writer) and `optimize()` (1 worker, fork, "
+        "which includes its fixed cost per call). The columns `txstore … ÷ this` give how many "
+        "times txstore's throughput is that row's (above 1: txstore faster).\n",
+    ]
+    for w in workloads:
+        parts.append(f"**{w}**\n\n" + write_table(write_rows(results, w), short) + "\n")
+    fixed = report.get("litdata_optimize_fixed_s") or {}
+    if fixed:
+        parts.append(
+            f"LitData `optimize()` on one tiny sample (its fixed cost per call): "
+            f"{fmt(fixed.get('fork'), '.2f')} s with fork, {fmt(fixed.get('spawn'), '.2f')} s "
+            "with spawn, its default outside notebooks.\n"
+        )
+    panels = [
+        (
+            f"append {w}",
+            [(r["contender"], r.get("mb_per_s")) for r in write_rows(results, w)],
+        )
+        for w in workloads
+    ]
+    link = plots.save(
+        "write-throughput",
+        "write throughput by system",
+        lambda plt: bar_panels(plt, panels, "MB/s of payload (durable)"),
+    )
+    return "\n".join(parts) + (f"\n{link}\n" if link else "")
+
+
+def optimize_section(report: Report, plots: Plots) -> str:
+    results = report.get("throughput", [])
+    workloads = sorted({r["workload"] for r in results})
+    parts = [
+        "## Conversion: `optimize()` from a function and inputs\n",
+        "`bench_optimize.py`: every system calls the same `fn(i)` (a slice of a pre-generated "
+        "pool) over the same indices; txstore `txstore.ingest.optimize(num_workers=1|2)` raw "
+        "and zstd, LitData `optimize(num_workers=1|2)`, MosaicML `MDSWriter` in process or in "
+        "2 forked processes writing a partition each, then `merge_index`; `plain` / `plain-2`: "
+        "1 or 2 processes writing the payloads to files of their own, then fsync. "
+        "`txstore … ÷ this`: txstore's samples/s with as many processes over that row's.\n",
+    ]
+    for w in workloads:
+        rows = write_rows(results, w)
+        names = {
+            "txstore optimize raw": "txstore raw",
+            "txstore optimize zstd": "txstore zstd",
+        }
+        parts.append(f"**{w}**\n\n" + write_table(rows, names, by_processes=True) + "\n")
+    ratio_rows = [
+        [
+            r["workload"],
+            r["txstore"],
+            r["peer"],
+            x(r["ratio"]),
+            "-" if r["target"] is None else f"≥ {r['target']:g}",
+            "-" if r["met"] is None else ("met" if r["met"] else "**not met**"),
+        ]
+        for r in report.get("ratios", [])
+        if r["target"] is not None
+    ]
+    if ratio_rows:
+        parts.append(
+            "Targets, txstore ÷ peer (samples/s, same number of processes):\n\n"
+            + table(["wl", "txstore", "peer", "ratio", "target", ""], ratio_rows)
+            + "\n"
+        )
+    append = report.get("append", [])
+    if append:
+        parts.append(
+            "**Small append**: 1% of W1 (2,000 samples) onto a copy of an existing "
+            "200,000-sample dataset (the copy not timed); MosaicML writes a new partition and "
+            "re-merges its index.\n\n"
+            + write_table(
+                append,
+                {
+                    "txstore optimize append, 1w": "txstore 1w",
+                    "txstore optimize append, 2w": "txstore 2w",
+                },
+            )
+            + "\n"
+        )
+    fixed = report.get("litdata_optimize_fixed_s") or {}
+    if fixed:
+        parts.append(
+            f"LitData `optimize()` fixed cost per call: {fmt(fixed.get('fork'), '.2f')} s "
+            f"(fork), {fmt(fixed.get('spawn'), '.2f')} s (spawn).\n"
+        )
+    panels = [
+        (
+            f"optimize {w}",
+            [(r["contender"], r.get("mb_per_s")) for r in write_rows(results, w)],
+        )
+        for w in workloads
+    ]
+    if panels:
+        link = plots.save(
+            "optimize-throughput",
+            "optimize throughput by system",
+            lambda plt: bar_panels(plt, panels, "MB/s of payload (durable)"),
+        )
+        parts.append(link + "\n" if link else "")
+    return "\n".join(parts)
+
+
+def latency_section(report: Report, plots: Plots) -> str:
+    s = report["commit_latency"]
+    rows = [
+        [
+            f"{p['version_before']:,}",
+            f"{p['chunks']:,}",
+            f"{p['median_ms']:.2f}",
+            f"{p['p90_ms']:.2f}",
+            f"{p['reference_median_ms']:.2f}",
+            x(p["vs_reference"]),
+        ]
+        for p in s["points"]
+    ]
+    text = f"""## Commit latency against history length
+
+`bench_append.py --commit-latency`: one-sample appends ({len(s["points"][0]["latencies_ms"])}
+timed at each size) to a store grown to each number of versions, each version of the history
+adding {s["chunks_per_version"]} chunk references. Each timed append is interleaved with one to
+a fresh store of about 10 versions (the reference): drift on a busy machine hits both alike.
+
+{table(["versions", "chunks", "median ms", "p90 ms", "reference median ms", "÷ reference"], rows)}
+
+{s["ratio_label"]}: median {s["median_ratio"]:.2f}×, p90 {s["p90_ratio"]:.2f}×; against the
+interleaved reference {s["interleaved_ratio"]:.2f}× (target: within 1.5×). The history of
+{s["build_appends"]:,} versions was built in {s["build_s"]:.0f} s.
+"""
+
+    def draw(plt: Any) -> Any:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        versions = [p["version_before"] for p in s["points"]]
+        for key, label, style in (
+            ("median_ms", "median", "o-"),
+            ("p90_ms", "p90", "s--"),
+            ("reference_median_ms", "reference store (~10 versions), median", "^:"),
+        ):
+            ax.plot(versions, [p[key] for p in s["points"]], style, label=label)
+        ax.set_xscale("log")
+        ax.set_ylim(0, max(p["p90_ms"] for p in s["points"]) * 1.25)
+        ax.set_xlabel("versions in the store (log)")
+        ax.set_ylabel("one-sample append, ms")
+        ax.set_title("txstore commit latency against history length")
+        ax.grid(alpha=0.3)
+        ax.legend()
+        return fig
+
+    link = plots.save("commit-latency", "commit latency against history length", draw)
+    return text + (f"\n{link}\n" if link else "")
+
+
+# --------------------------------------------------------------------------- reads
+
+
+READ_TASKS = (
+    ("seq", "sequential iteration, one process", "samples_per_s"),
+    ("dl", "DataLoader, batch 64", "samples_per_s"),
+    ("ra", "random access `ds[i]`", "p50_us"),
+)
+TXSTORE_READER = {"seq": "tx-ds", "dl": "tx-ds", "ra": "tx-ds"}
+
+
+def read_results(report: Report, workers: int | None = 2) -> list[Row]:
+    return [r for r in report["results"] if workers is None or r.get("workers", 2) == workers]
+
+
+def read_table(rows: Sequence[Row]) -> str:
+    """One workload: every task, cache state and reader; txstore's advantage over each."""
+    headers = ["task", "cache", "reader", "samples/s", "MB/s", "p50 µs", "p90 µs"]
+    headers += ["1st batch s", "peak RSS MB", "txstore ÷ this", "runs"]
+    out = []
+    for task, _title, primary in READ_TASKS:
+        for cache in ("warm", "cold"):
+            here = [r for r in rows if r["task"] == task and r["cache"] == cache]
+            ours = next((r for r in here if r["variant"] == TXSTORE_READER[task]), None)
+            for r in here:
+                m = r["median"]
+                if "error" in m:
+                    out.append([task, cache, r["label"], "ERROR"] + [""] * (len(headers) - 4))
+                    continue
+                ratio = None
+                if ours is not None and "error" not in ours["median"]:
+                    ratio = faster(ours["median"][primary], m[primary], primary != "p50_us")
+                check = "" if m.get("check") == "ok" else f" ({m.get('check')})"
+                spread = "/".join(format(v, ".0f") for v in m.get("spread", []))
+                out.append(
+                    [
+                        task,
+                        cache,
+                        r["label"] + check,
+                        fmt(m.get("samples_per_s"), ",.0f") if task != "ra" else "",
+                        fmt(m.get("mb_per_s"), ",.0f") if task != "ra" else "",
+                        fmt(m.get("p50_us"), ",.1f"),
+                        fmt(m.get("p90_us"), ",.1f"),
+                        fmt(m.get("first_batch_s"), ".2f"),
+                        fmt(m.get("peak_rss_mb"), ",.0f"),
+                        x(ratio),
+                        spread,
+                    ]
+                )
+    return table(headers, out)
+
+
+def read_section(report: Report, workers_report: Report | None, plots: Plots) -> str:
+    rows = read_results(report)
+    workloads = sorted({r["workload"] for r in rows})
+    parts = [
+        "## Reading\n",
+        "`bench_read.py`: txstore `StreamingDataset` (also `zero_copy=True`) and `Snapshot`, "
+        "LitData `StreamingDataset` / `StreamingDataLoader` (`ds[i]` with its default "
+        "`batch_decode` and with `batch_decode=0`, its fast path), MosaicML `StreamingDataset` "
+        "behind a torch `DataLoader`; the in-memory row is the same DataLoader over samples "
+        "already in memory, the ceiling that worker start, collate and the pipe leave. "
+        "DataLoader: 2 workers, batch 64, samples/s over the whole epoch (worker start "
+        "included). `txstore ÷ this`: how many times better txstore's `StreamingDataset` is "
+        "(samples/s for seq and DataLoader, p50 latency for `ds[i]`; above 1: txstore better). "
+        "Peak RSS sums the process and its workers.\n",
+    ]
+    for w in workloads:
+        parts.append(f"**{w}**\n\n" + read_table([r for r in rows if r["workload"] == w]) + "\n")
+    targets = [
+        [
+            t["target"],
+            t["workload"],
+            t["cache"],
+            fmt(t["ratio"], ".3f"),
+            "-" if t["met"] is None else ("met" if t["met"] else "**not met**"),
+        ]
+        for t in report.get("targets", [])
+    ]
+    if targets:
+        parts.append(
+            "Targets (ratio = txstore ÷ peer):\n\n"
+            + table(["target", "wl", "cache", "ratio", ""], targets)
+            + "\n"
+        )
+    panels = []
+    for w in workloads:
+        for task in ("seq", "dl"):
+            bars = []
+            for r in rows:
+                if r["workload"] == w and r["task"] == task and "error" not in r["median"]:
+                    bars.append((f"{r['label']} ({r['cache']})", r["median"].get("mb_per_s")))
+            panels.append((f"{w}: {dict((t, n) for t, n, _ in READ_TASKS)[task]}", bars))
+    link = plots.save(
+        "read-throughput",
+        "read throughput by system",
+        lambda plt: bar_panels(plt, panels, "MB/s of payload touched"),
+    )
+    parts.append(link + "\n" if link else "")
+    ra = []
+    for w in workloads:
+        bars = []
+        for r in rows:
+            if r["workload"] == w and r["task"] == "ra" and "error" not in r["median"]:
+                bars.append((f"{r['label']} ({r['cache']})", r["median"].get("p50_us")))
+        ra.append((f"{w}: ds[i] p50 latency", bars))
+    link = plots.save(
+        "random-access",
+        "random access latency by system",
+        lambda plt: bar_panels(plt, ra, "p50 µs (log; shorter is better)", log=True),
+    )
+    parts.append(link + "\n" if link else "")
+    if workers_report is not None:
+        parts.append(workers_section(workers_report, plots))
+    return "\n".join(parts)
+
+
+def workers_section(report: Report, plots: Plots) -> str:
+    rows = [r for r in read_results(report, None) if r["task"] == "dl"]
+    workloads = sorted({r["workload"] for r in rows})
+    counts = sorted({r.get("workers", 2) for r in rows})
+    variants = list(dict.fromkeys(r["variant"] for r in rows))
+    label = {r["variant"]: r["label"].split(",")[0] for r in rows}
+    cache = rows[0]["cache"] if rows else "warm"
+    table_rows = []
+    for w in workloads:
+        for v in variants:
+            cells = [w, label[v]]
+            for n in counts:
+                found = next(
+                    (
+                        r
+                        for r in rows
+                        if r["workload"] == w and r["variant"] == v and r.get("workers", 2) == n
+                    ),
+                    None,
+                )
+                m = found["median"] if found else {}
+                cells.append(fmt(m.get("samples_per_s"), ",.0f"))
+            table_rows.append(cells)
+    headers = ["wl", "loader", *(f"{n} workers" for n in counts)]
+    text = (
+        f"**DataLoader samples/s against the number of workers** ({cache} page cache, "
+        f"`bench_read.py --tasks dl --workers {','.join(map(str, counts))}`; 0 workers reads "
+        "in the main process):\n\n" + table(headers, table_rows) + "\n"
+    )
+
+    def draw(plt: Any) -> Any:
+        fig, axes = plt.subplots(1, len(workloads), figsize=(6 * len(workloads), 4), squeeze=False)
+        for ax, w in zip(axes.flat, workloads, strict=True):
+            for v in variants:
+                points = sorted(
+                    (r.get("workers", 2), r["median"].get("samples_per_s"))
+                    for r in rows
+                    if r["workload"] == w and r["variant"] == v and "error" not in r["median"]
+                )
+                if points:
+                    xs, ys = zip(*points, strict=True)
+                    color = COLORS[system_of(label[v])]
+                    ax.plot(xs, ys, "o-", label=label[v], color=color)
+            ax.set_xticks(counts)
+            ax.set_xlabel("DataLoader workers")
+            ax.set_ylabel("samples/s")
+            ax.set_ylim(bottom=0)
+            ax.set_title(f"{w}: DataLoader throughput ({cache})")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+        fig.tight_layout()
+        return fig
+
+    link = plots.save("dataloader-workers", "DataLoader throughput against workers", draw)
+    return text + (f"\n{link}\n" if link else "")
+
+
+# --------------------------------------------------------------------------- fields
+
+
+def fields_section(report: Report) -> str:
+    mb = 1e6
+    store = sum(report["store_bytes"].values())
+    adds = [
+        [
+            str(a["workers"]),
+            f"{a['wall_s']:.2f}",
+            f"{a['written_total'] / mb:,.0f}",
+            f"{a['written'].get('chunks/*.chunk', 0) / mb:,.0f}",
+            f"{a['written_total'] / store:.3f}",
+            " / ".join(f"{t:.2f}" for t in a["runs_s"]),
+        ]
+        for a in report["add_fields"]
+    ]
+    n = report["reads"][0]["samples"] if report.get("reads") else 0
+    parts = [
+        "## Adding a field, reading some fields (txstore only)\n",
+        f"`bench_fields.py`: a store of {n or 200_000:,} samples `{{id, caption: 64-char str, "
+        "a: 1 KiB, b: 1 KiB, c: 2 KiB}}` "
+        f"({store / mb:,.0f} MB); `add_fields(store, fn, ['latent'], num_workers=0 | 2)` adds "
+        "a 4 KiB field, each run on a fresh copy. No chunk is rewritten: what is written is the "
+        "new field's file and metadata.\n",
+        table(
+            ["workers", "wall s", "written MB", "chunks rewritten MB", "÷ store", "runs (s)"],
+            adds,
+        )
+        + "\n",
+    ]
+    reads = report.get("reads", [])
+    if reads:
+        full = {(r["case"], r["reader"]): r for r in reads if r["fields"] == "all"}
+        rows = []
+        for r in reads:
+            f = full[(r["case"], r["reader"])]
+            rows.append(
+                [
+                    r["case"],
+                    r["reader"],
+                    r["fields"],
+                    f"{r['ideal_bytes'] / f['ideal_bytes']:.3f}",
+                    f"{r['counted_bytes'] / f['counted_bytes']:.3f}",
+                    fmt(r["cold_read_bytes"] / f["cold_read_bytes"], ".3f")
+                    if f["cold_read_bytes"]
+                    else "-",
+                    fmt(r["warm_s"], ".2f"),
+                    fmt(r["cold_s"], ".2f"),
+                    fmt(faster(r["warm_s"], f["warm_s"], False), ".2f"),
+                ]
+            )
+        parts.append(
+            "Reading some fields of every sample, as fractions of the full read of the same "
+            "version and reader: the ideal (the fields' share of the stored frames), the bytes "
+            "the storage returned, the bytes read from the disk (cold cache); and the time "
+            "(`speed-up` = full read's warm time ÷ this one's).\n\n"
+            + table(
+                [
+                    "version",
+                    "reader",
+                    "fields",
+                    "ideal",
+                    "returned",
+                    "disk (cold)",
+                    "warm s",
+                    "cold s",
+                    "speed-up",
+                ],
+                rows,
+            )
+            + "\n"
+        )
+    return "\n".join(parts)
+
+
+# --------------------------------------------------------------------------- main
+
+
+def kind(report: Report) -> str:
+    script = report.get("script", "")
+    if script == "bench_append":
+        return "latency" if "commit_latency" in report else "append"
+    if script == "bench_read":
+        workers = {r.get("workers", 2) for r in report.get("results", [])}
+        return "read-workers" if len(workers) > 1 else "read"
+    return str(script).removeprefix("bench_")
+
+
+def generate(reports: Sequence[Report], plots: Plots, inputs: Sequence[Path]) -> str:
+    by_kind: dict[str, Report] = {}
+    for r in reports:
+        by_kind[kind(r)] = r  # the last one given of each kind
+    used = list(by_kind.values())
+    sources = ", ".join(f"`{p.as_posix()}`" for p in inputs)
+    parts = [
+        "# Benchmarks\n",
+        "txstore side by side with LitData and MosaicML Streaming on the same samples, in the "
+        "same run. Generated by `bench/report.py` from the JSON the benchmarks wrote "
+        f"({sources}); the scripts, their setup and every option are in `bench/README.md`. "
+        "To regenerate:\n",
+        "```\n../bench-venv/bin/python bench/report.py bench/results/*.json\n```\n",
+        method_section(used),
+    ]
+    if "append" in by_kind:
+        parts.append(append_section(by_kind["append"], plots))
+    if "latency" in by_kind:
+        parts.append(latency_section(by_kind["latency"], plots))
+    if "optimize" in by_kind:
+        parts.append(optimize_section(by_kind["optimize"], plots))
+    if "read" in by_kind:
+        parts.append(read_section(by_kind["read"], by_kind.get("read-workers"), plots))
+    elif "read-workers" in by_kind:
+        parts.append(workers_section(by_kind["read-workers"], plots))
+    if "fields" in by_kind:
+        parts.append(fields_section(by_kind["fields"]))
+    text = "\n".join(p.rstrip() + "\n" for p in parts if p)
+    return text.replace("\n\n\n", "\n\n")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("reports", nargs="+", type=Path, help="JSON reports of the benchmarks")
+    parser.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks.md")
+    parser.add_argument("--img", type=Path, default=REPO / "docs" / "img")
+    args = parser.parse_args(argv)
+    reports = []
+    for path in args.reports:
+        try:
+            reports.append(json.loads(path.read_text()))
+        except (OSError, ValueError) as exc:
+            raise SystemExit(f"{path}: not a benchmark report: {exc}") from None
+    inputs = [Path(os.path.relpath(p.resolve(), REPO)) for p in args.reports]
+    text = generate(reports, Plots(args.img, args.out), inputs)
+    args.out.write_text(text)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

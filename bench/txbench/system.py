@@ -1,0 +1,205 @@
+"""The filesystem, the page cache and the machine: fsync, sizes, cache drops, machine info."""
+
+from __future__ import annotations
+
+import gc
+import importlib.metadata
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+#: The repository this package sits in (bench/txbench/ -> the checkout).
+REPO = Path(__file__).resolve().parents[2]
+
+PACKAGES = (
+    "txstore",
+    "litdata",
+    "mosaicml-streaming",
+    "torch",
+    "numpy",
+    "zstandard",
+    "msgspec",
+    "fsspec",
+)
+
+
+def default_workdir() -> Path:
+    """The parent of the repository: the same disk as the repo, not a tmpfs."""
+    return REPO.parent
+
+
+# --------------------------------------------------------------------------- files
+
+
+def fsync_tree(root: Path) -> None:
+    """Fsync every file under root, then every directory, deepest first."""
+    dirs: list[str] = []
+    for dirpath, _dirnames, filenames in os.walk(root):
+        dirs.append(dirpath)
+        for name in filenames:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    for dirpath in reversed(dirs):
+        fd = os.open(dirpath, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def tree_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+
+
+def dataset_files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file())
+
+
+def warm_files(paths: Iterable[Path]) -> None:
+    """Read every file once, so that it is in the page cache."""
+    for path in paths:
+        with open(path, "rb", buffering=0) as f:
+            while f.read(8 * 2**20):
+                pass
+
+
+def evict_files(paths: Iterable[Path]) -> None:
+    """posix_fadvise(DONTNEED) on every file: clean pages leave the page cache."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def drop_page_cache(paths: Sequence[Path]) -> str:
+    """Drop the page cache: all of it if we may (root), else the files' pages (fadvise)."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return "drop_caches"
+    except OSError:
+        evict_files(paths)
+        return "fadvise"
+
+
+# --------------------------------------------------------------------------- between runs
+
+_settle_s = 0.0
+
+
+def set_settle(seconds: float) -> None:
+    """``--settle``: seconds to wait before each run (default 0). The bench VM hands freed
+    memory back to its host after about 2 s; waiting that long slowed some writers and not
+    others, so the default is not to wait."""
+    global _settle_s
+    _settle_s = seconds
+
+
+def settle_s() -> float:
+    return _settle_s
+
+
+def settle() -> None:
+    """Before every measurement: flush dirty pages, wait ``--settle`` s, collect garbage."""
+    os.sync()
+    time.sleep(_settle_s)
+    gc.collect()
+
+
+# --------------------------------------------------------------------------- the machine
+
+
+def filesystem_of(path: Path) -> str:
+    best = ("", "?")
+    with open("/proc/mounts") as mounts:
+        for line in mounts:
+            device, mountpoint, fstype = line.split()[:3]
+            is_prefix = str(path).startswith(mountpoint.rstrip("/") + "/")
+            if (str(path) == mountpoint or is_prefix) and len(mountpoint) >= len(best[0]):
+                best = (mountpoint, f"{device} ({fstype}) on {mountpoint}")
+    return best[1]
+
+
+def source_revision() -> str:
+    """The commit of the checkout, '+dirty' if txstore/ has changes."""
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    return head + ("+dirty" if git("status", "--porcelain", "--", "txstore") else "")
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "?"
+
+
+def memory_gib() -> float | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return None
+
+
+def machine_info(workdir: Path, packages: Sequence[str] = PACKAGES) -> dict[str, Any]:
+    versions: dict[str, str | None] = {}
+    for name in packages:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    return {
+        "nproc": os.cpu_count(),
+        "usable_cpus": len(os.sched_getaffinity(0)),
+        "cpu": cpu_model(),
+        "memory_gib": memory_gib(),
+        "python": sys.version.split()[0],
+        "implementation": platform.python_implementation(),
+        "platform": platform.platform(),
+        "workdir": str(workdir),
+        "workdir_fs": filesystem_of(workdir),
+        "tmp_fs": filesystem_of(Path(tempfile.gettempdir())),
+        "packages": versions,
+        "txstore_revision": source_revision(),
+        "load_at_start": list(os.getloadavg()),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def format_load(load: Sequence[float]) -> str:
+    return " ".join(f"{x:.2f}" for x in load) + f" (1, 5, 15 min; {os.cpu_count()} CPUs)"
+
+
+def print_machine(info: dict[str, Any]) -> None:
+    print(f"machine: nproc={info['nproc']} usable={info['usable_cpus']} {info['platform']}")
+    print(f"cpu:     {info['cpu']}, {info['memory_gib'] or 0:.1f} GiB")
+    print(f"python:  {info['implementation']} {info['python']}")
+    print(f"workdir: {info['workdir']} on {info['workdir_fs']} (tmp: {info['tmp_fs']})")
+    packages = ", ".join(f"{k} {v or 'not installed'}" for k, v in info["packages"].items())
+    print(f"packages: {packages}")
+    print(f"txstore source: {info['txstore_revision']}")
+    print(f"load average at start: {format_load(info['load_at_start'])}")

@@ -247,10 +247,10 @@ def build_history(
     """Versions until the store has `target`; returns (version, versions made).
 
     The first is a real one-sample append; each later one commits `chunks_per_version`
-    references to that first chunk (through ``commit_chunks``: a staged part may not name a
-    chunk twice). The metadata (segments, manifests) grows exactly as if each were a new
-    chunk, without writing and fsyncing 100,000 files to build the history; the timed appends
-    are real appends of one new chunk each."""
+    references to that first chunk (through the store context's ``append_chunks``: a staged
+    part may not name a chunk twice). The metadata (segments, manifests) grows exactly as if
+    each were a new chunk, without writing and fsyncing 100,000 files to build the history;
+    the timed appends are real appends of one new chunk each."""
     made = 0
     if version == 0:
         version, _ = timed_append(store, feed)
@@ -259,7 +259,7 @@ def build_history(
     chunks = (template,) * chunks_per_version
     while version < target:
         start = store.snapshot().manifest
-        version = store.commit_chunks(chunks, start=start, message="history").manifest.version
+        version = store._ctx.append_chunks(chunks, start=start, message="history").manifest.version
         made += 1
     return version, made
 

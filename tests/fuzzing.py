@@ -127,7 +127,7 @@ def _build_template(path: Path) -> Template:
     from txstore.format import manifest as fmt
     from txstore.format.manifest import LeaseRecord
 
-    m3 = store.manifest(LEASED)
+    m3 = store.commit_info(LEASED)
     record = LeaseRecord(
         version=LEASED, commit_id=m3.commit_id, created=time.time(), expires_at=FAR, owner="fz"
     )
@@ -1291,7 +1291,7 @@ def _run_api(
     for a, b in ((1, 5), (2, 5), (TAG, 4), (5, 2)):
         run.call(f"diff({a!r}, {b!r})", functools.partial(store.diff, a, b))
     for v in sorted(run.expected):
-        run.call(f"manifest({v})", functools.partial(store.manifest, v))
+        run.call(f"commit_info({v})", functools.partial(store.commit_info, v))
 
     plain_ok = verify(run, store, "before vacuum", deep=False)
     deep_ok = verify(run, store, "before vacuum", deep=True)

@@ -86,7 +86,7 @@ def test_deep_verify_checks_offset_tables_of_every_kind_of_value(
     store.append([{"id": 1, "img": os.urandom(150_000)}])  # a block of one sample
     store.add_fields(lambda s: {"lat": np.zeros(3)}, ["lat"])
     assert store.verify(deep=True).ok
-    chunk = store.snapshot().chunks()[0]
+    chunk = store.snapshot().chunk_refs()[0]
     data = bytearray(store.storage.read(chunk.path))
     layout = parse_footer(bytes(data[chunk.footer_offset :]), chunk.path, chunk.footer_offset)
     check_offset_tables(bytes(data), layout)

@@ -164,6 +164,9 @@ _LEFTOVER = re.compile(
 
 def _target(storage: Storage, mode: str | None, config: StoreConfig) -> Store | None:
     """The store to write, or None when there is none yet (one is made at the commit)."""
+    root = storage.local_path
+    if root is not None and os.path.lexists(root) and not os.path.isdir(root):
+        raise AlreadyExistsError(f"{storage.uri} is a file: output_dir must be a folder")
     try:
         store = open_store(storage)
     except StoreNotFoundError:

@@ -19,14 +19,13 @@ CODEC_NAMES = {None: CODEC_RAW, "zstd": CODEC_ZSTD}
 # payloads (JPEG, random tokens) are then stored raw and cost nothing to read.
 _MIN_SAVING_SHIFT = 5
 # Frames smaller than this stay raw: beside a block's large frames they save a few hundred
-# bytes, and decompressing one (1 to 1.5 µs) was a tenth of reading a sample with snap[i].
+# bytes, while decompressing one is a noticeable share of reading a sample with snap[i].
 _MIN_COMPRESSED = 4096
 
 
 #: zlib lets go of the GIL for inputs above 5 KiB: a prefetch thread checking a chunk's tail
-#: (40 KB for W2) then waits up to a switch interval (5 ms) to get it back from the busy
-#: decoding thread, twice a chunk. Pieces this small keep it, for a few µs a tail (W2 reads,
-#: default: 77,000-84,000 against 86,000-93,000 samples/s, 5 runs each).
+#: then waits up to a switch interval to get it back from the busy decoding thread, twice a
+#: chunk. Pieces this small keep it.
 _CRC_PIECE = 4096
 #: Above this (large segments), one call that lets go of the GIL costs less than the pieces.
 _CRC_HELD_UP_TO = 1 << 20
@@ -43,9 +42,8 @@ def crc32(data: bytes | bytearray | memoryview, start: int = 0) -> int:
 
 
 #: python-xxhash releases the GIL for inputs above about 100 KB; a thread that then wants it
-#: back waits for the other thread's switch interval (5 ms), once per frame (measured: 100 KiB
-#: frames hashed 500x slower beside a busy thread). Hashing in pieces no larger than this keeps
-#: the GIL, for 3 µs a piece.
+#: back waits for the other thread's switch interval, once per frame, so large frames hash far
+#: slower beside a busy thread. Hashing in pieces no larger than this keeps the GIL.
 _PIECE = 65536
 
 

@@ -28,12 +28,10 @@ from .base import TEMP_PREFIX, Data, FileInfo, Storage
 _LOCK_NAME = ".txstore.lock"
 _MAX_KEPT_MAPS = 64
 _IOV_MAX = 1024
-# Bytes per writev call, and the offsets the calls end at: a trade, measured on the bench VM
-# (ext4, Linux 6.18, Firecracker). One call per 64 MiB chunk ran 1 to 7 times slower than
-# 1 MiB calls. The page cache sizes its folios by each write's length and alignment: larger
-# folios fault less when a chunk is mapped (a warm 64 MiB chunk: 1.4 ms after 512 KiB calls,
-# 0.27 ms after 4 MiB) but cost this VM more kernel CPU to write (W2 appends: 1.10 s in
-# 512 KiB calls, 1.66 s in 1 MiB calls, the plain file 1.18 s). docs/benchmarks.md has all.
+# Bytes per writev call, and the offsets the calls end at: a trade. One call per whole chunk
+# is much slower than calls of about a MiB. The page cache sizes its folios by each write's
+# length and alignment: larger folios fault less when a chunk is mapped but cost more kernel
+# CPU to write; 512 KiB writes were the fastest appends (bench/bench_append.py).
 _WRITE_BYTES = 512 << 10
 
 
@@ -57,8 +55,8 @@ def _start_writeback(fd: int, offset: int, length: int) -> None:
 
     A hint (RocksDB's ``bytes_per_sync``): the disk works while the writer encodes, and the
     fsync that seals the file finds its pages written or in flight instead of starting 64 MiB
-    of writeback then. W2 appends took 1.41 against 1.80 s (medians of 9, alternated; see
-    docs/benchmarks.md). A failure changes nothing: the fsync still makes the file durable.
+    of writeback then, which makes large appends faster (bench/bench_append.py). A failure
+    changes nothing: the fsync still makes the file durable.
     """
     if _sync_file_range is not None:
         _sync_file_range(fd, offset, length, _SYNC_FILE_RANGE_WRITE)
@@ -246,12 +244,11 @@ class LocalStorage(Storage):
     def _map(self, key: str) -> mmap.mmap | None:
         """The file mapped read-only; None when it is empty (which cannot be mapped)."""
         # A map costs page-table entries where ``read`` would zero and fill fresh memory
-        # (measured: 5 to 9 times the CPU for a 64 MiB chunk). Chunk files are replaced, never
+        # (several times the CPU for a whole chunk). Chunk files are replaced, never
         # truncated in place, so a mapped file cannot shrink under its reader (no SIGBUS).
         # os.open, not open(): each syscall lets go of the GIL, and a prefetch thread waits up
-        # to 5 ms to get it back from the busy decoding thread. open() and a size check made
-        # eight syscalls (fstat three times, ioctl, lseek), this makes four (W2 reads, default:
-        # about 92,000 -> 99,000 samples/s).
+        # to a switch interval to get it back from the busy decoding thread. open() and a size
+        # check made eight syscalls (fstat three times, ioctl, lseek), this makes four.
         fd = self._open(key)
         try:
             return self._map_fd(key, fd)

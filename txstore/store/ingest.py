@@ -189,10 +189,8 @@ def _left_empty(store: Store, config: StoreConfig) -> bool:
 
 
 def _check_unused(storage: Storage) -> None:
-    """Refuse a location that holds files other than a store's, before writing any there."""
-    root = storage.local_path
-    if root is not None and os.path.lexists(root) and not os.path.isdir(root):
-        raise AlreadyExistsError(f"{storage.uri} is a file: output_dir must be a folder")
+    """Refuse a location that holds files other than a store's, before writing any there
+    (``_target`` has refused a file in place of the folder already)."""
     for info in storage.list(""):
         if not _LEFTOVER.fullmatch(info.key):
             raise AlreadyExistsError(

@@ -2,9 +2,8 @@
 
 A standard DataLoader moves every tensor of a batch through shared memory: the worker creates
 a segment and the main process fetches its file descriptor over a socket, about a millisecond
-per tensor. For a batch's small tensors (ids, labels) that is most of the loader's cost: a
-2-worker loader over in-memory samples moved 127,000 samples/s with an id tensor per batch
-and 709,000 with the same ids sent as bytes (docs/benchmarks.md). So a worker sends tensors
+per tensor. For a batch's small tensors (ids, labels) that is most of the loader's cost,
+several times what sending the same ids as bytes costs. So a worker sends tensors
 up to ``INLINE_TENSOR_BYTES`` as their bytes, and the main process rebuilds them; larger
 tensors keep the shared-memory path, which copies nothing.
 

@@ -91,9 +91,6 @@ class Backend:
         return {"storage_options": self.storage_options} if self.storage_options else {}
 
 
-BACKENDS = ["local", "memory", "s3"]
-
-
 def make_backend(name: str, tmp_path: Path, request: pytest.FixtureRequest) -> Backend:
     if name == "local":
         return Backend("local", str(tmp_path / "store"))
@@ -103,28 +100,40 @@ def make_backend(name: str, tmp_path: Path, request: pytest.FixtureRequest) -> B
     return Backend("s3", f"s3://{server.new_bucket()}/datasets/store", server.options)
 
 
-@pytest.fixture(params=BACKENDS)
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Store logic runs on memory and local disk; a test marked ``s3`` runs on S3 (moto) too.
+
+    The storage contract itself is checked on every backend by tests/storage_suite.py, so
+    a store-level test goes through S3 only where S3's own semantics are what it is about.
+    """
+    s3 = ["s3"] if metafunc.definition.get_closest_marker("s3") else []
+    if "backend" in metafunc.fixturenames:
+        metafunc.parametrize("backend", ["local", "memory", *s3], indirect=True)
+    if "shared_backend" in metafunc.fixturenames:
+        metafunc.parametrize("shared_backend", ["local", *s3], indirect=True)
+
+
+@pytest.fixture
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    """Where the test's store lives (see ``pytest_generate_tests``)."""
     return make_backend(request.param, tmp_path, request)
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture
 def shared_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
     """Backends that several processes can share."""
     return make_backend(request.param, tmp_path, request)
 
 
-# -- soak options, a second S3 server (ministack) ---------------------------------------------
-
-MINISTACK = "ministack==1.5.33"  # pins botocore 1.43.106: it gets a virtualenv of its own
+# -- options of the long tests, a second S3 server (ministack) ------------------------------
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--soak-seconds",
         type=float,
-        default=20.0,
-        help="how long tests/test_soak.py runs on each backend (default 20; hours by hand)",
+        default=300.0,
+        help="how long the slow soak of tests/test_soak.py runs on each backend (default 300)",
     )
     parser.addoption("--soak-seed", type=int, default=None, help="seed of the soak's kills")
     parser.addoption(
@@ -144,28 +153,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-def _ministack_venv() -> Path:
-    """A virtualenv with ministack, made once and kept in .tox (reused while it is whole)."""
-    import fcntl
-
-    root = Path(__file__).resolve().parent.parent / ".tox"
-    venv = root / MINISTACK.replace("==", "-")
-    root.mkdir(exist_ok=True)
-    # Several test runs may start at once on one machine: one builds, the others wait.
-    with open(root / "ministack.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (venv / "ready").exists():
-            shutil.rmtree(venv, ignore_errors=True)
-            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-            subprocess.run(
-                [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", MINISTACK],
-                check=True,
-                timeout=600,
-            )
-            (venv / "ready").write_text(MINISTACK)
-    return venv
-
-
 def _wait_until_up(url: str, proc: subprocess.Popen[bytes], name: str) -> None:
     deadline = time.monotonic() + 60
     while True:
@@ -182,7 +169,8 @@ def _wait_until_up(url: str, proc: subprocess.Popen[bytes], name: str) -> None:
 @pytest.fixture(scope="session")
 def ministack_server() -> Iterator[S3Server]:
     """ministack's S3 as a separate process on loopback: stricter conditional writes."""
-    venv = _ministack_venv()
+    # a dev dependency, installed beside pytest (pyproject.toml)
+    exe = shutil.which("ministack", path=os.path.dirname(sys.executable)) or "ministack"
     port = _free_port()
     env = dict(
         os.environ,
@@ -193,7 +181,7 @@ def ministack_server() -> Iterator[S3Server]:
         LOG_LEVEL="WARNING",
     )
     proc = subprocess.Popen(
-        [str(venv / "bin" / "ministack")],
+        [exe],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

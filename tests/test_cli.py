@@ -15,8 +15,8 @@ import txstore
 from txstore import cli
 
 from .conftest import Backend
-from .helpers import REPO
 from .test_operations import make, reopen
+from .workers import REPO
 
 COMMANDS = [
     "log",

@@ -2,6 +2,11 @@
 
 After each: the store reads back whole, readers see all of the append or none of it, a retry
 with the same txn_id never commits twice, and the next append succeeds.
+
+The faults are injected at the ``Storage`` interface, above any backend, so memory and local
+disk (the one that several processes share) are enough here; on S3 the reply of every request
+of an append is lost or delayed at the HTTP level by tests/test_network.py, and writers are
+SIGKILLed at random by tests/test_soak.py.
 """
 
 from __future__ import annotations
@@ -14,10 +19,11 @@ import txstore
 from txstore.errors import CommitStateUnknownError, StorageError
 from txstore.storage import open_storage
 
-from .child import batch
 from .conftest import Backend
 from .faults import FaultyStorage
-from .helpers import check_history, run_child
+from .invariants import read_history
+from .invariants import txn_samples as batch
+from .workers import run
 
 
 def _base_store(backend: Backend) -> txstore.Store:
@@ -29,8 +35,9 @@ def _base_store(backend: Backend) -> txstore.Store:
 def _check_after_fault(backend: Backend, tag: str, landed: bool | None) -> None:
     """``landed``: what the writer was told (True committed, False not, None unknown)."""
     store = txstore.open(backend.uri, **backend.kwargs())
-    contents = check_history(store)
-    tags = [s["tag"] for s in contents[-1]]
+    history = read_history(store)
+    assert history.violations == []
+    tags = [s["tag"] for s in history.samples]
     present = tags.count(tag)
     assert present in (0, 5), f"append half-visible: {present} of 5 samples"
     if landed is not None:
@@ -39,11 +46,11 @@ def _check_after_fault(backend: Backend, tag: str, landed: bool | None) -> None:
     retry = store.append(batch(tag, 5), txn_id=tag)
     tags = [s["tag"] for s in store.snapshot()]
     assert tags.count(tag) == 5
-    assert retry.version == store.version == len(contents) - 1 + (0 if present else 1)
+    assert retry.version == store.version == history.latest + (0 if present else 1)
     # And the store takes the next append.
     after = store.append(batch("after", 2))
     assert after.version == retry.version + 1 if not present else store.version
-    check_history(store)
+    assert read_history(store).violations == []
 
 
 def _steps(backend: Backend) -> int:
@@ -88,7 +95,7 @@ def test_sigkill_at_every_step(shared_backend: Backend, mode: str) -> None:
             shared_backend.name, f"{shared_backend.uri}-{mode}-{k}", shared_backend.storage_options
         )
         _base_store(case)
-        out = run_child("append-with-fault", case.uri, options, f"t{k}", str(k), mode)
+        out = run("append-with-fault", case.uri, options, f"t{k}", str(k), mode)
         assert out == [], f"step {k}: the writer was not killed: {out}"
         killed += 1
         _check_after_fault(case, f"t{k}", None)

@@ -49,6 +49,7 @@ def _latent(sample: dict[str, Any]) -> dict[str, Any]:
     return {"latent_256": np.full((2, 2), sample["id"], dtype=np.float32)}
 
 
+@pytest.mark.s3  # field files beside chunks on S3
 def test_add_fields_without_rewriting_chunks(backend: Backend) -> None:
     store = _store(backend)
     raw = open_storage(backend.uri, backend.storage_options)

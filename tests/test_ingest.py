@@ -17,7 +17,7 @@ from txstore.store.ingest import InputError, optimize
 from txstore.store.staging import StagedPart, TransactionHandle
 
 from .conftest import Backend
-from .helpers import REPO
+from .workers import REPO
 
 
 def _two(i: int) -> Iterator[dict[str, Any]]:
@@ -129,6 +129,7 @@ sys.stdout.write(w.finish().to_json().decode())
 """
 
 
+@pytest.mark.s3  # parts staged by several processes
 def test_transaction_from_several_processes(shared_backend: Backend) -> None:
     store = txstore.create(shared_backend.uri, chunk_bytes=4096, **shared_backend.kwargs())
     store.append({"id": -1 - i} for i in range(10))

@@ -152,6 +152,7 @@ def test_append_racing_a_rollback_fails_visibly(backend: Backend) -> None:
 # -- expire and vacuum -------------------------------------------------------------------------
 
 
+@pytest.mark.s3  # vacuum lists and deletes keys
 def test_expire_vacuum_and_what_stays_readable(backend: Backend) -> None:
     store = make(backend, appends=8)
     held = store.snapshot(7)  # opened before the expiry, read after it

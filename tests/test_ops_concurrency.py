@@ -4,37 +4,26 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from collections import Counter
 from typing import Any
 
+import pytest
+
 import txstore
 
 from .conftest import Backend
-from .helpers import REPO
 from .test_operations import make, reopen
+from .workers import spawn
+
+pytestmark = pytest.mark.s3  # vacuum lists and deletes; S3 lists are not directories
 
 GRACE = 3.0  # seconds; far longer than one small append takes here
 
 
 def _appender(backend: Backend, name: str, count: int) -> subprocess.Popen[str]:
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tests.ops_child",
-            "append-loop",
-            backend.uri,
-            json.dumps(backend.storage_options or {}),
-            name,
-            str(count),
-        ],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    options = json.dumps(backend.storage_options or {})
+    proc = spawn("append-loop", backend.uri, options, name, str(count))
     assert proc.stdout is not None
     assert json.loads(proc.stdout.readline()) == {"started": True}, proc.stderr.read()
     return proc

@@ -6,8 +6,10 @@ returned before B started then v(A) < v(B); a read that began after A returned s
 reader goes backwards or fails. A restarted writer first retries the transaction its killed
 predecessor had in flight, under the same txn_id, as a preemptible job would.
 
-Time-boxed by ``--soak-seconds`` (default 20 per backend); run it long by hand with e.g.
-``pytest tests/test_soak.py --soak-seconds 900 -s`` (``--soak-seed`` replays a kill schedule).
+``test_soak_short`` runs in CI for a few seconds per backend; ``test_soak_with_random_sigkills``
+is ``slow``, time-boxed by ``--soak-seconds`` per backend: run it by hand with e.g.
+``pytest tests/test_soak.py -m slow --soak-seconds 900 -s`` (``--soak-seed`` replays a kill
+schedule).
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ import pytest
 import txstore
 
 from .conftest import Backend
-from .helpers import REPO
 from .invariants import Ack, Read, violations
+from .workers import REPO
 
 WRITERS, READERS = 3, 2
 
@@ -190,19 +192,34 @@ class Soak:
         return self.result
 
 
-@pytest.mark.slow
-def test_soak_with_random_sigkills(
-    shared_backend: Backend, tmp_path: Path, request: pytest.FixtureRequest
-) -> None:
-    seconds: float = request.config.getoption("--soak-seconds")
-    seed: int = request.config.getoption("--soak-seed") or random.randrange(2**32)
-    print(f"soak on {shared_backend.name}: seed={seed} seconds={seconds}")
-    txstore.create(shared_backend.uri, **shared_backend.kwargs())
+SHORT_SECONDS = 6.0  # enough for a few kills inside appends on each backend
+
+
+def _soak(backend: Backend, tmp_path: Path, seconds: float, seed: int | None) -> None:
+    seed = seed if seed is not None else random.randrange(2**32)
+    print(f"soak on {backend.name}: seed={seed} seconds={seconds}")
+    txstore.create(backend.uri, **backend.kwargs())
     logs = tmp_path / "logs"
     logs.mkdir()
-    result = Soak(shared_backend, logs, seconds, seed).run()
+    result = Soak(backend, logs, seconds, seed).run()
     print(result.summary())
     assert result.violations == [], f"{result.summary()}: {result.violations[:20]}"
     # The run did what it is for: writers were killed, appends were acknowledged and read.
     assert result.kills > 0 and result.acks and result.reads, result.summary()
     assert result.versions == len({a.tag for a in result.acks})
+
+
+@pytest.mark.s3
+def test_soak_short(
+    shared_backend: Backend, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    _soak(shared_backend, tmp_path, SHORT_SECONDS, request.config.getoption("--soak-seed"))
+
+
+@pytest.mark.slow
+@pytest.mark.s3
+def test_soak_with_random_sigkills(
+    shared_backend: Backend, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    seconds: float = request.config.getoption("--soak-seconds")
+    _soak(shared_backend, tmp_path, seconds, request.config.getoption("--soak-seed"))

@@ -65,6 +65,7 @@ def every_value_kind() -> list[dict[str, Any]]:
     ]
 
 
+@pytest.mark.s3  # bytes through the S3 client
 def test_every_value_kind_round_trips(backend: Backend) -> None:
     store = _create(backend)
     samples = every_value_kind()

@@ -26,7 +26,7 @@ from txstore.torch import (  # noqa: E402
 from txstore.torch.dataset import _ChunkFetcher  # noqa: E402
 
 from .conftest import Backend, make_backend  # noqa: E402
-from .helpers import REPO  # noqa: E402
+from .workers import REPO, spawn  # noqa: E402
 
 N = 1000
 
@@ -213,17 +213,18 @@ def test_two_process_torch_distributed(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+def on_s3(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    """A store on the moto server: the streaming cache is what remote stores need."""
     return make_backend("s3", tmp_path, request)
 
 
-def test_snapshot_on_s3(backend: Backend, tmp_path: Path) -> None:
-    store = txstore.create(backend.uri, chunk_bytes=4096, **backend.kwargs())
+def test_snapshot_on_s3(on_s3: Backend, tmp_path: Path) -> None:
+    store = txstore.create(on_s3.uri, chunk_bytes=4096, **on_s3.kwargs())
     store.append({"id": i, "pad": bytes(100)} for i in range(500))
     cache = tmp_path / "cache"
     ds = StreamingDataset(
-        backend.uri,
-        storage_options=backend.storage_options,
+        on_s3.uri,
+        storage_options=on_s3.storage_options,
         shuffle=True,
         cache_dir=str(cache),
         max_cache_size=10**9,
@@ -234,8 +235,8 @@ def test_snapshot_on_s3(backend: Backend, tmp_path: Path) -> None:
     # A later version reuses every chunk it shares with the first from the cache.
     store.append({"id": i, "pad": bytes(100)} for i in range(500, 520))
     ds2 = StreamingDataset(
-        backend.uri,
-        storage_options=backend.storage_options,
+        on_s3.uri,
+        storage_options=on_s3.storage_options,
         cache_dir=str(cache),
         max_cache_size=10**9,
     )
@@ -243,13 +244,13 @@ def test_snapshot_on_s3(backend: Backend, tmp_path: Path) -> None:
     assert cached < {p.name for p in (cache / "chunks").iterdir()}
 
 
-def test_cache_is_bounded(backend: Backend, tmp_path: Path) -> None:
-    store = txstore.create(backend.uri, chunk_bytes=4096, **backend.kwargs())
+def test_cache_is_bounded(on_s3: Backend, tmp_path: Path) -> None:
+    store = txstore.create(on_s3.uri, chunk_bytes=4096, **on_s3.kwargs())
     store.append({"id": i, "pad": bytes(100)} for i in range(2000))
     cache = tmp_path / "cache"
     ds = StreamingDataset(
-        backend.uri,
-        storage_options=backend.storage_options,
+        on_s3.uri,
+        storage_options=on_s3.storage_options,
         cache_dir=str(cache),
         max_cache_size=20_000,
     )
@@ -260,13 +261,7 @@ def test_cache_is_bounded(backend: Backend, tmp_path: Path) -> None:
 def test_reads_while_another_process_appends(tmp_path: Path) -> None:
     store = _store(str(tmp_path / "s"))
     pinned = store.snapshot()
-    appender = subprocess.Popen(
-        [sys.executable, "-m", "tests.child", "append-many", str(tmp_path / "s"), "{}", "9", "40"],
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    appender = spawn("append-many", str(tmp_path / "s"), "{}", "9", "40", stdout=subprocess.DEVNULL)
     try:
         for epoch in range(3):
             ds = StreamingDataset(pinned, shuffle=True)

@@ -24,7 +24,7 @@ from txstore.store.refs import RETENTION_KEY
 from txstore.txn import manifest_key
 
 from .conftest import Backend
-from .helpers import REPO
+from .workers import REPO
 
 
 def _samples(v: int, n: int = 10) -> list[dict[str, Any]]:
@@ -54,6 +54,7 @@ def _files(storage: Storage, prefix: str = "") -> set[str]:
 # -- a hole in the chain of versions ---------------------------------------------------------
 
 
+@pytest.mark.s3  # put-if-absent decides the commit
 def test_an_append_never_commits_into_a_hole(backend: Backend) -> None:
     _make(backend, appends=10)  # versions 0 to 10
     raw = open_storage(backend.uri, backend.storage_options)

@@ -24,9 +24,9 @@ from txstore.cli import output
 from txstore.store.progress import Progress
 
 from .conftest import Backend
-from .helpers import REPO
 from .test_cli import ok, run
 from .test_operations import make
+from .workers import REPO
 
 
 def forge(path: Path, **fields: Any) -> None:

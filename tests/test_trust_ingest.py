@@ -26,7 +26,7 @@ from txstore.storage import open_storage
 from txstore.store.ingest import optimize
 
 from .conftest import Backend
-from .helpers import REPO
+from .workers import REPO
 
 # -- a failed optimize leaves nothing that blocks its rerun ---------------------------------
 

@@ -29,17 +29,12 @@ from txstore.store import Store
 from txstore.store.staging import StagedPart, StagedWriter, Transaction, TransactionHandle
 from txstore.txn import manifest_key
 
-from .conftest import Backend, make_backend
+from .conftest import Backend
 
 REPO = Path(__file__).resolve().parents[1]
 #: Far enough ahead that every file is older than vacuum's default grace period (7 days).
 LATER = 30 * 86400.0
 MISPLACED = ["versions/x.chunk", "refs/tags/x.chunk", "txns/x.chunk"]
-
-
-@pytest.fixture(params=["local", "memory"])
-def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
-    return make_backend(request.param, tmp_path, request)
 
 
 def batch(v: int, n: int = 10) -> list[dict[str, Any]]:

@@ -27,8 +27,8 @@ from txstore.txn import manifest_key
 
 from .conftest import Backend, S3Server
 from .faults import FaultyStorage
-from .helpers import REPO
 from .invariants import Ack, History, txn_samples, violations
+from .workers import REPO
 
 
 class Racers:

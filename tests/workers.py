@@ -1,5 +1,14 @@
-"""Child processes for the race and soak tests: ``python -m tests.workers COMMAND ...``.
+"""The one home of the tests' child processes: ``python -m tests.workers COMMAND ...``.
 
+Parents start them with ``spawn`` (or ``run``, which waits and parses the JSON lines). Every
+child appends ``invariants.txn_samples``, so ``invariants.read_history`` checks what they left.
+
+- ``append-many URI OPTIONS WRITER COUNT``: COUNT appends of 3 samples, tags ``w<WRITER>-<i>``,
+  one ``{"tag", "version"}`` line each (test_concurrency.py, test_torch.py).
+- ``append-with-fault URI OPTIONS TAG FAIL_AT MODE``: one append through ``FaultyStorage``
+  (test_crash.py: a ``kill_*`` mode SIGKILLs the process itself at that storage call).
+- ``append-loop URI OPTIONS NAME COUNT``: appends of 4 samples with random padding, reporting
+  conflicts instead of failing (test_ops_concurrency.py).
 - ``serve URI OPTIONS [blind-put]``: reads one JSON command per line on stdin, answers one
   JSON line on stdout. A parent drives several of these in lockstep, so their requests start
   together (test_txn_race.py); ``blind-put`` is a deliberately broken backend (test_teeth.py).
@@ -10,9 +19,12 @@
 from __future__ import annotations
 
 import json
+import os
 import random
+import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import txstore
@@ -21,11 +33,67 @@ from txstore.storage import Storage, open_storage
 
 from .invariants import txn_samples
 
+REPO = Path(__file__).resolve().parent.parent
+
+
+def spawn(*args: str, **popen: Any) -> subprocess.Popen[str]:
+    """Start ``python -m tests.workers ARGS`` from the repository root (text pipes by default)."""
+    popen.setdefault("stdout", subprocess.PIPE)
+    popen.setdefault("stderr", subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.workers", *args], cwd=REPO, text=True, **popen
+    )
+
+
+def run(*args: str, timeout: float = 180) -> list[dict[str, Any]]:
+    """Run a worker to its end (a SIGKILL of itself included); its JSON lines, parsed."""
+    proc = spawn(*args)
+    out, err = proc.communicate(timeout=timeout)
+    if proc.returncode not in (0, -9):
+        raise AssertionError(f"worker failed ({proc.returncode}): {err[-3000:]}")
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
 
 def emit(record: dict[str, Any]) -> None:
     # One short write per line: a SIGKILL leaves whole lines behind, never half a record.
     sys.stdout.write(json.dumps(record) + "\n")
     sys.stdout.flush()
+
+
+def append_many(uri: str, options: dict[str, Any], writer: int, count: int) -> None:
+    store = txstore.open(uri, storage_options=options or None)
+    for i in range(count):
+        tag = f"w{writer}-{i}"
+        commit = store.append(txn_samples(tag, 3), message=tag)
+        emit({"tag": tag, "version": commit.version})
+
+
+def append_with_fault(uri: str, options: dict[str, Any], tag: str, fail_at: int, mode: str) -> None:
+    from .faults import FaultyStorage
+
+    storage = FaultyStorage(open_storage(uri, options or None), fail_at=fail_at, mode=mode)
+    store = txstore.open(storage)
+    try:
+        commit = store.append(txn_samples(tag, 5), txn_id=tag)
+    except txstore.TxstoreError as e:
+        emit({"error": type(e).__name__, "calls": len(storage.calls)})
+        return
+    emit({"version": commit.version, "calls": len(storage.calls)})
+
+
+def append_loop(uri: str, options: dict[str, Any], name: str, count: int) -> None:
+    """Append ``count`` small batches, one JSON line per outcome (committed or conflict)."""
+    store = txstore.open(uri, storage_options=options or None)
+    emit({"started": True})
+    for i in range(count):
+        tag = f"{name}-{i}"
+        samples = [dict(s, pad=os.urandom(200)) for s in txn_samples(tag, 4)]
+        try:
+            commit = store.append(samples, message=tag)
+        except txstore.ConflictError as e:
+            emit({"tag": tag, "conflict": str(e)})
+            continue
+        emit({"tag": tag, "version": commit.version})
 
 
 def _serve_one(store: txstore.Store, storage: Storage, cmd: dict[str, Any]) -> dict[str, Any]:
@@ -120,7 +188,13 @@ def soak_reader(uri: str, options: dict[str, Any], args: dict[str, Any]) -> None
 if __name__ == "__main__":
     command, uri, options_json, *rest = sys.argv[1:]
     options = json.loads(options_json)
-    if command == "serve":
+    if command == "append-many":
+        append_many(uri, options, int(rest[0]), int(rest[1]))
+    elif command == "append-with-fault":
+        append_with_fault(uri, options, rest[0], int(rest[1]), rest[2])
+    elif command == "append-loop":
+        append_loop(uri, options, rest[0], int(rest[1]))
+    elif command == "serve":
         serve(uri, options, *rest)
     elif command == "soak-writer":
         soak_writer(uri, options, json.loads(rest[0]))

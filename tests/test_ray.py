@@ -86,3 +86,30 @@ def test_datasource_reads_a_pinned_snapshot(ray_instance: None, target: Backend)
         .sum("twice")
     )
     assert doubled == 2 * sum(range(1500))
+
+
+def test_datasource_rows_equal_the_snapshots_samples(ray_instance: None, tmp_path: Path) -> None:
+    """Every kind of value comes through Ray's block conversion as it went in."""
+    store = txstore.create(str(tmp_path / "s"), chunk_bytes=2048)
+    samples = [
+        {
+            "id": i,
+            "score": i / 8,
+            "text": f"t{i}",
+            "raw": bytes([i % 256]) * (i % 5),
+            "img": (np.arange(6).reshape(2, 3) + i).astype(np.uint8),
+            "ragged": np.arange(i % 4, dtype=np.int64),
+            **({"label": f"l{i}"} if i % 3 else {}),  # only some samples have a label
+        }
+        for i in range(300)
+    ]
+    store.append(samples)
+    rows = ray.data.read_datasource(TxstoreDatasource(store.snapshot())).take_all()
+    assert len(rows) == len(samples)
+    for row in sorted(rows, key=lambda r: int(r["id"])):
+        want = samples[int(row["id"])]
+        assert row["text"] == want["text"] and row["raw"] == want["raw"]
+        assert float(row["score"]) == want["score"]
+        assert np.array_equal(np.asarray(row["img"]), want["img"])
+        assert np.array_equal(np.asarray(row["ragged"]), want["ragged"])
+        assert row["label"] == want.get("label")

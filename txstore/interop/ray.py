@@ -15,8 +15,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ray.data import Datasink, Datasource, ReadTask
-from ray.data._internal.delegating_block_builder import DelegatingBlockBuilder
-from ray.data.block import Block, BlockAccessor, BlockMetadata
+from ray.data.block import Block, BlockAccessor, BlockMetadata, BlockType
 
 from ..storage import open_storage
 from ..store.core import Commit, open_or_create
@@ -30,6 +29,15 @@ def _plain(value: Any) -> Any:
     if item is not None and getattr(value, "ndim", None) == 0 and type(value).__module__ == "numpy":
         return item()
     return value
+
+
+def _block(samples: Iterable[dict[str, Any]]) -> Block:
+    """One Arrow block of samples, through Ray's public batch conversion (arrays become tensor
+    columns); a key a sample lacks is null in its row."""
+    rows = list(samples)
+    keys = list(dict.fromkeys(k for row in rows for k in row))
+    columns = {k: [row.get(k) for row in rows] for k in keys}
+    return BlockAccessor.batch_to_block(columns, block_type=BlockType.ARROW)
 
 
 def _rows(blocks: Iterable[Block]) -> Iterator[dict[str, Any]]:
@@ -108,11 +116,8 @@ class TxstoreDatasource(Datasource):
             def read(mine: list[Any] = mine) -> Iterator[Block]:
                 reader = ChunkReader(open_storage(uri, options or None))
                 for chunk in mine:
-                    builder = DelegatingBlockBuilder()  # type: ignore[no-untyped-call]
                     fetched = reader.fetch(chunk, version, fields)
-                    for sample in reader.samples(fetched, chunk, version):
-                        builder.add(sample)
-                    yield builder.build()
+                    yield _block(reader.samples(fetched, chunk, version))
 
             meta = BlockMetadata(
                 num_rows=sum(c.num_samples for c in mine),

@@ -72,12 +72,14 @@ def test_failed_job_commits_nothing(ray_instance: None, tmp_path: Path) -> None:
 
 
 def test_datasource_reads_a_pinned_snapshot(ray_instance: None, target: Backend) -> None:
-    store = txstore.create(target.uri, chunk_bytes=2048, **target.kwargs())
-    store.append({"id": i, "text": f"t{i}", "blob": bytes(50)} for i in range(1500))
+    n = 600  # a dozen chunks: several read tasks, each opening the store on its own
+    store = txstore.create(target.uri, chunk_bytes=4096, **target.kwargs())
+    store.append({"id": i, "text": f"t{i}", "blob": bytes(50)} for i in range(n))
     pinned = store.snapshot()
-    store.append({"id": i} for i in range(1500, 1600))  # later commits do not leak in
+    assert len(pinned.chunks()) >= 8
+    store.append({"id": i} for i in range(n, n + 100))  # later commits do not leak in
     rows = ray.data.read_datasource(TxstoreDatasource(pinned)).take_all()
-    assert sorted(int(r["id"]) for r in rows) == list(range(1500))
+    assert sorted(int(r["id"]) for r in rows) == list(range(n))
     only = ray.data.read_datasource(TxstoreDatasource(pinned, fields=["text"])).take(5)
     assert all(set(r) == {"text"} for r in only)
     doubled = (
@@ -85,7 +87,7 @@ def test_datasource_reads_a_pinned_snapshot(ray_instance: None, target: Backend)
         .map(lambda r: {"twice": int(r["id"]) * 2})
         .sum("twice")
     )
-    assert doubled == 2 * sum(range(1500))
+    assert doubled == 2 * sum(range(n))
 
 
 def test_datasource_rows_equal_the_snapshots_samples(ray_instance: None, tmp_path: Path) -> None:

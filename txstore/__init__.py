@@ -1,5 +1,7 @@
 """txstore: a transactional, versioned dataset store for ML training data."""
 
+import logging
+
 from .errors import (
     AlreadyExistsError,
     ChecksumError,
@@ -33,6 +35,10 @@ from .store.snapshot import Snapshot
 from .store.staging import StagedPart, StagedWriter, Transaction, TransactionHandle
 
 __version__ = "0.1.0"
+
+# The "txstore" logger (commit retries and rebases, what vacuum deletes, what readers fetch)
+# is silent unless the application configures logging: a library adds no handler of its own.
+logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 
 def __getattr__(name: str) -> object:

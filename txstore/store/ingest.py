@@ -71,8 +71,10 @@ class _Samples:
     def __iter__(self) -> Iterator[dict[str, Any]]:
         taken = 0
         fn, inputs, stop, flag = self.fn, self.inputs, self.stop, self.stop_flag
-        # Progress counts inputs (their number is the total known up front), reported in
-        # batches: by count for fast inputs, by time for slow ones.
+        # Progress counts inputs (their number is the total known up front). A shared
+        # counter is told in batches, by count for fast inputs and by time for slow ones;
+        # this process's own progress, input by input.
+        every = 1 if isinstance(self.counter, Stage) else _REPORT_EVERY
         unreported, reported_at = 0, time.monotonic()
         for index in range(self.start, stop):
             if flag is not None and flag.value:
@@ -84,7 +86,7 @@ class _Samples:
             taken += len(produced)
             unreported += 1
             if (
-                unreported >= _REPORT_EVERY
+                unreported >= every
                 or index == stop - 1
                 or time.monotonic() - reported_at >= _REPORT_SECONDS
             ):

@@ -101,6 +101,7 @@ def read_manifests(
     progress: Progress = QUIET,
     *,
     fresh: bool = False,
+    stage: str = "reading manifests",
 ) -> tuple[dict[int, Manifest], list[Problem]]:
     wanted = list(versions)
 
@@ -112,7 +113,7 @@ def read_manifests(
 
     found: dict[int, Manifest] = {}
     problems: list[Problem] = []
-    got_all = parallel(read, wanted, "reading manifests", "manifests", progress)
+    got_all = parallel(read, wanted, stage, "manifests", progress)
     for v, got in zip(wanted, got_all, strict=True):
         if isinstance(got, Problem):
             problems.append(got)

@@ -18,6 +18,7 @@ own progress. tqdm is imported here and nowhere else.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -39,6 +40,13 @@ def _isatty(stream: TextIO) -> bool:
         return bool(stream.isatty())
     except (AttributeError, ValueError, OSError):  # no isatty, or closed
         return False
+
+
+def _columns(stream: TextIO) -> int:
+    try:
+        return os.get_terminal_size(stream.fileno()).columns
+    except (AttributeError, ValueError, OSError):
+        return 0
 
 
 class Progress:
@@ -108,10 +116,12 @@ class Stage:
                         total=total,
                         desc=name,
                         unit=f" {unit}",
-                        unit_scale=True,
+                        unit_scale=total >= 10_000,  # 12.3k, not 12345; but 50, not 50.0
                         file=stream,
-                        dynamic_ncols=True,
                         leave=True,
+                        # Follows the terminal's width; one that reports none (a pseudo
+                        # terminal never sized) would get a bar trimmed to nothing.
+                        **({"dynamic_ncols": True} if _columns(stream) else {"ncols": 80}),
                     )
                 else:
                     self._write = _to_stream(stream)

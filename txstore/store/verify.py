@@ -160,7 +160,9 @@ def verify(
     keep = [v for v in keep if v not in missing]
     # Every manifest, expired ones too: they are what the log, diff and txn ids read.
     present = [v for v in range(latest + 1) if v not in missing]
-    manifests, bad = read_manifests(log, present, progress, fresh=True)
+    manifests, bad = read_manifests(
+        log, present, progress, fresh=True, stage="reading every manifest"
+    )
     problems += bad
     markers, marker_problems = _read_markers(storage, listing, progress)
     problems += marker_problems

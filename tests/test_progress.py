@@ -21,7 +21,8 @@ from typing import Any, TextIO
 import pytest
 
 import txstore
-from txstore.store.progress import QUIET, Progress
+from txstore import Progress
+from txstore.store.progress import QUIET
 
 STAGE_LINE = re.compile(r"([a-z ]+): ([\d,]+)/([\d,]+) ([a-z]+) \((\d+)%\)(.*)")
 

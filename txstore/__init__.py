@@ -31,6 +31,7 @@ from .errors import (
 from .store.core import Commit, Store, create, open
 from .store.ingest import optimize
 from .store.lease import Lease
+from .store.progress import Progress
 from .store.snapshot import Snapshot
 from .store.staging import StagedPart, StagedWriter, Transaction, TransactionHandle
 
@@ -72,6 +73,7 @@ __all__ = [
     "Lease",
     "MissingDataError",
     "NotFoundError",
+    "Progress",
     "RefChangedError",
     "ResumeMismatchError",
     "RetriesExhaustedError",

@@ -215,7 +215,7 @@ class Store:
     ) -> Commit:
         """Commit a version whose samples also have ``fields`` computed by ``fn``, stored
         beside the chunks without rewriting them (see ``txstore.store.fields.add_fields``).
-        ``progress``: True shows it on stderr (see ``txstore.store.progress``)."""
+        ``progress``: True shows it on stderr (see ``txstore.Progress``)."""
         return add_fields(
             self._ctx,
             fn,
@@ -356,6 +356,9 @@ class Store:
 
         Safe while others append, as long as ``grace`` exceeds the longest append or
         compaction: until they commit, their new files are named by no version.
+        ``progress``: True shows it on stderr; a callback ``(stage, done, total)`` or a
+        ``txstore.Progress`` also works (quiet by default). The ``txstore.store.maintenance``
+        logger says what was deleted.
         """
         return vacuum(
             self._ctx.log,
@@ -376,7 +379,8 @@ class Store:
     ) -> CompactResult:
         """Rewrite runs of undersized chunks into full ones, as a new version (operation
         "compact") with the same samples in the same order. Appends committed meanwhile are
-        kept; anything else committed meanwhile raises ``ConflictError``."""
+        kept; anything else committed meanwhile raises ``ConflictError``. ``progress`` as
+        for ``vacuum``."""
         return Compaction(self._ctx).run(
             message=message, dry_run=dry_run, progress=Progress.of(progress)
         )
@@ -388,7 +392,7 @@ class Store:
         present, the right size, and every byte against its checksums. ``quick`` reads only
         the metadata and each data file's footer; ``deep`` also decodes every sample.
         ``report.level`` says which. Reads storage, not this store's caches. Reports damage
-        in ``problems``; never repairs."""
+        in ``problems``; never repairs. ``progress`` as for ``vacuum``."""
 
         def fresh_snapshot(version: int) -> Snapshot:
             manifest = self._ctx.log.read(version, fresh=True)

@@ -297,7 +297,7 @@ def optimize(
     store is made only in a new or empty folder, and only when the samples are committed:
     a failed call leaves no store behind, and its rerun starts afresh.
     ``progress``: by default a bar on stderr counting inputs (plain lines when stderr is not
-    a terminal); False for none, or a callback or a ``Progress`` (``txstore.store.progress``).
+    a terminal); False for none, a callback ``(stage, done, total)``, or a ``txstore.Progress``.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be None, 'append' or 'overwrite', not {mode!r}")

@@ -11,6 +11,8 @@ import os
 import pty
 import re
 import struct
+import subprocess
+import sys
 import termios
 import threading
 from collections.abc import Callable, Iterator
@@ -23,6 +25,8 @@ import pytest
 import txstore
 from txstore import Progress
 from txstore.store.progress import QUIET
+
+REPO = Path(__file__).resolve().parent.parent
 
 STAGE_LINE = re.compile(r"([a-z ]+): ([\d,]+)/([\d,]+) ([a-z]+) \((\d+)%\)(.*)")
 
@@ -284,3 +288,16 @@ def test_what_progress_takes() -> None:
     assert Progress.of(mine) is mine
     with pytest.raises(TypeError, match="progress must be"):
         Progress.of("yes")  # type: ignore[arg-type]
+
+
+def test_tqdm_is_loaded_only_to_show_progress(tmp_path: Path) -> None:
+    code = (
+        "import sys, io, txstore\n"
+        f"s = txstore.create({str(tmp_path / 's')!r})\n"
+        "s.append([{'i': 1}]); s.verify(); s.vacuum(grace=0)\n"
+        "assert 'tqdm' not in sys.modules, 'quiet operations loaded tqdm'\n"
+        "s.verify(progress=txstore.Progress(io.StringIO()))\n"
+        "assert 'tqdm' in sys.modules\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr

@@ -12,7 +12,9 @@ reports go:
   logger (at INFO) rather than to a stream.
 
 A ``callback`` ``(stage, done, total)`` also hears every update, for a caller that draws its
-own progress. tqdm is imported here and nowhere else.
+own progress. tqdm is imported here and nowhere else, and only once progress is shown:
+importing it reads package metadata, which a quiet operation (or a DataLoader worker)
+need not wait for.
 """
 
 from __future__ import annotations
@@ -23,9 +25,7 @@ import sys
 import time
 from collections.abc import Callable
 from types import TracebackType
-from typing import TextIO
-
-from tqdm import tqdm
+from typing import Any, TextIO
 
 #: ``(stage, done, total)``: called as long work advances.
 ProgressFn = Callable[[str, int, int], None]
@@ -33,6 +33,12 @@ ProgressFn = Callable[[str, int, int], None]
 #: Seconds between two plain lines of a slow stage (they come at each tenth otherwise).
 LOG_INTERVAL = 30.0
 _STEPS = 10
+
+
+def _tqdm() -> Any:
+    from tqdm import tqdm
+
+    return tqdm
 
 
 def _isatty(stream: TextIO) -> bool:
@@ -103,7 +109,7 @@ class Stage:
         self.name, self.total, self.unit = name, total, unit
         self.done = 0
         self._callback = progress.callback
-        self._bar: tqdm | None = None
+        self._bar: Any = None  # a tqdm bar, on a terminal
         self._write: Callable[[str], None] | None = None
         self._closed = False
         if progress.enabled:
@@ -112,7 +118,7 @@ class Stage:
             else:
                 stream = progress.stream or sys.stderr  # looked up now: it may be replaced
                 if _isatty(stream):
-                    self._bar = tqdm(
+                    self._bar = _tqdm()(
                         total=total,
                         desc=name,
                         unit=f" {unit}",
@@ -157,6 +163,7 @@ class Stage:
 
     def _line(self, now: float, *, final: bool, failed: bool = False) -> None:
         assert self._write is not None
+        tqdm = _tqdm()
         self._shown = now
         elapsed = now - self._start
         rate = self.done / elapsed if elapsed > 0 else 0.0

@@ -7,9 +7,9 @@ reports go:
 
 - a terminal: a tqdm bar per stage, with the count, the total, the rate and the ETA;
 - anything else (a log file, CI, a pipe): carriage returns would glue every redraw into one
-  line, so plain lines are written instead, one per tenth of the total, one at least every
-  ``interval`` seconds in between, and the final count. With ``logger`` they go to that
-  logger (at INFO) rather than to a stream.
+  line, so plain lines are written instead, few enough to read: at most one every
+  ``interval`` seconds, each with the ETA, and the final count (a short stage writes that
+  alone). With ``logger`` they go to that logger (at INFO) rather than to a stream.
 
 A ``callback`` ``(stage, done, total)`` also hears every update, for a caller that draws its
 own progress. tqdm is imported here and nowhere else, and only once progress is shown:
@@ -30,9 +30,8 @@ from typing import Any, TextIO
 #: ``(stage, done, total)``: called as long work advances.
 ProgressFn = Callable[[str, int, int], None]
 
-#: Seconds between two plain lines of a slow stage (they come at each tenth otherwise).
-LOG_INTERVAL = 30.0
-_STEPS = 10
+#: Seconds between two plain lines of a stage (off a terminal).
+LOG_INTERVAL = 10.0
 
 
 def _tqdm() -> Any:
@@ -125,15 +124,19 @@ class Stage:
                         unit_scale=total >= 10_000,  # 12.3k, not 12345; but 50, not 50.0
                         file=stream,
                         leave=True,
-                        # Follows the terminal's width; one that reports none (a pseudo
-                        # terminal never sized) would get a bar trimmed to nothing.
-                        **({"dynamic_ncols": True} if _columns(stream) else {"ncols": 80}),
+                        # Follows the terminal's size; one that reports none (a pseudo
+                        # terminal never sized) gets a fixed one, else tqdm draws nothing.
+                        **(
+                            {"dynamic_ncols": True}
+                            if _columns(stream)
+                            else {"ncols": 80, "nrows": 24}
+                        ),
                     )
                 else:
                     self._write = _to_stream(stream)
         self._interval = progress.interval
+        # The first plain line waits an interval too: a short stage writes its final one only.
         self._start = self._shown = time.monotonic()
-        self._step = 0  # tenths of the total written so far
         if self._callback is not None:
             self._callback(name, 0, total)
 
@@ -142,12 +145,8 @@ class Stage:
         if self._bar is not None:
             self._bar.update(n)
         elif self._write is not None:
-            step = self.done * _STEPS // self.total if self.total > 0 else _STEPS
             now = time.monotonic()
-            if self.done < self.total and (
-                step > self._step or now - self._shown >= self._interval
-            ):
-                self._step = step
+            if self.done < self.total and now - self._shown >= self._interval:
                 self._line(now, final=False)
         if self._callback is not None:
             self._callback(self.name, self.done, self.total)

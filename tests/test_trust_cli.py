@@ -4,12 +4,8 @@ off a terminal; the version; errors that say what exists."""
 
 from __future__ import annotations
 
-import io
 import json
-import os
-import pty
 import re
-import select
 import subprocess
 import sys
 import textwrap
@@ -21,7 +17,6 @@ import pytest
 
 import txstore
 from txstore.cli import output
-from txstore.store.progress import Progress
 
 from .conftest import Backend
 from .test_cli import ok, run
@@ -207,40 +202,6 @@ def test_a_missing_version_names_the_latest(tmp_path: Path) -> None:
 
 
 # -- progress ---------------------------------------------------------------------------------
-
-
-def test_progress_rewrites_a_line_only_on_a_terminal() -> None:
-    stream = io.StringIO()  # a log file, a CI console
-    line = Progress("copying", 500, stream=stream, interval=0)
-    for _ in range(500):
-        line.update()
-    line.close()
-    text = stream.getvalue()
-    assert "\r" not in text and text.endswith("\n")
-    assert text.splitlines()[-1].startswith("copying: 500/500 samples (")
-
-    leader, follower = pty.openpty()
-    try:
-        with os.fdopen(os.dup(follower), "w") as tty:
-            line = Progress("copying", 3, stream=tty, interval=0)
-            for _ in range(3):
-                line.update()
-            line.close()
-        # A pty hands over what was written in pieces: read until nothing more comes.
-        chunks = []
-        while select.select([leader], [], [], 1.0)[0]:
-            piece = os.read(leader, 65536)
-            if not piece:
-                break
-            chunks.append(piece)
-            if b"3/3 samples" in b"".join(chunks) and b"\n" in chunks[-1]:
-                break
-        text = b"".join(chunks).decode()
-    finally:
-        os.close(leader)
-        os.close(follower)
-    assert text.count("\r") >= 3  # the updates, then the final count (the tty adds \r\n)
-    assert "copying: 3/3 samples" in text
 
 
 def test_cli_progress_into_a_log(tmp_path: Path) -> None:

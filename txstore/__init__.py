@@ -1,5 +1,7 @@
 """txstore: a transactional, versioned dataset store for ML training data."""
 
+import logging
+
 from .errors import (
     AlreadyExistsError,
     ChecksumError,
@@ -29,10 +31,15 @@ from .errors import (
 from .store.core import Commit, Store, create, open
 from .store.ingest import optimize
 from .store.lease import Lease
+from .store.progress import Progress
 from .store.snapshot import Snapshot
 from .store.staging import StagedPart, StagedWriter, Transaction, TransactionHandle
 
 __version__ = "0.1.0"
+
+# The "txstore" logger (commit retries and rebases, what vacuum deletes, what readers fetch)
+# is silent unless the application configures logging: a library adds no handler of its own.
+logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 
 def __getattr__(name: str) -> object:
@@ -66,6 +73,7 @@ __all__ = [
     "Lease",
     "MissingDataError",
     "NotFoundError",
+    "Progress",
     "RefChangedError",
     "ResumeMismatchError",
     "RetriesExhaustedError",

@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument(
         "--progress",
         action="store_true",
-        help="progress on stderr even when it is not a terminal (a line every few seconds)",
+        help="progress on stderr even when it is not a terminal (plain lines, 10 s apart)",
     )
     confirm = argparse.ArgumentParser(add_help=False)
     confirm.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")

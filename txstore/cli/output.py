@@ -10,8 +10,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ..store.history import Commit
-from ..store.maintenance import Progress
-from ..store.progress import Progress as ProgressLine
+from ..store.progress import Progress
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_DAMAGED, EXIT_CONFLICT, EXIT_NOT_CONFIRMED = 0, 1, 2, 3, 4, 5
 #: What a shell reports for a program killed by SIGPIPE (128 + 13): the reader of stdout left.
@@ -139,24 +138,9 @@ def _commit_json(c: Commit) -> dict[str, Any]:
 
 
 def _progress(args: argparse.Namespace) -> Progress:
-    """A progress callback reporting each stage on stderr: on a terminal, or with --progress
-    (then plain lines, a few seconds apart, as ``ProgressLine`` writes them off a terminal)."""
-    enabled = (sys.stderr.isatty() or args.progress) and not args.quiet
-    current: list[ProgressLine] = []
-
-    def report(stage: str, done: int, total: int) -> None:
-        if not enabled:
-            return
-        if not current or current[0].label != stage:
-            if current:
-                current.pop().close()
-            current.append(ProgressLine(stage, total, unit="", enabled=True))
-        line = current[0]
-        line.update(done - line.done)
-        if done >= total:
-            current.pop().close()
-
-    return report
+    """Progress on stderr: a bar on a terminal; with --progress elsewhere too, as plain lines
+    (a log, CI); none with --quiet."""
+    return Progress(enabled=(sys.stderr.isatty() or args.progress) and not args.quiet)
 
 
 def _confirm(args: argparse.Namespace, question: str) -> None:

@@ -23,7 +23,7 @@ from ..txn import CommitResult
 from ..txn.rules import Rebase
 from .context import StoreContext
 from .history import Commit
-from .maintenance import Progress, no_progress
+from .progress import QUIET, Progress, Stage
 from .snapshot import Sample, Snapshot
 from .writer import ChunkWriter
 
@@ -91,14 +91,20 @@ class CompactResult:
         return sum(r.samples for r in self.runs)
 
 
-def _counted(
-    samples: Iterable[Sample], done: list[int], total: int, progress: Progress
-) -> Iterator[Sample]:
+#: Samples between two progress updates.
+_REPORT_EVERY = 1024
+
+
+def _counted(samples: Iterable[Sample], stage: Stage) -> Iterator[Sample]:
+    unreported = 0
     for sample in samples:
         yield sample
-        done[0] += 1
-        if done[0] % 1024 == 0:
-            progress("compacting", done[0], total)
+        unreported += 1
+        if unreported == _REPORT_EVERY:
+            stage.update(unreported)
+            unreported = 0
+    if unreported:
+        stage.update(unreported)
 
 
 class Compaction:
@@ -111,7 +117,7 @@ class Compaction:
         self.segments = ctx.segments
 
     def run(
-        self, *, message: str | None, dry_run: bool, progress: Progress = no_progress
+        self, *, message: str | None, dry_run: bool, progress: Progress = QUIET
     ) -> CompactResult:
         base = self.log.latest()
         snap = self.ctx.snapshot(base)
@@ -136,7 +142,7 @@ class Compaction:
             raise
         # Any other error may leave the commit's outcome unknown: the chunks stay (vacuum).
         return CompactResult(
-            Commit.from_manifest(result.manifest),
+            Commit.from_manifest(result.manifest, result.attempts),
             base.version,
             runs,
             len(chunks),
@@ -153,21 +159,19 @@ class Compaction:
         progress: Progress,
     ) -> list[ChunkRef]:
         out: list[ChunkRef] = []
-        done, total = [0], sum(r.samples for r in runs)
-        progress("compacting", 0, total)
         previous = 0
-        for run in runs:
-            out += chunks[previous : run.start]
-            writer = ChunkWriter(self.storage, snap.manifest.config)
-            writers.append(writer)
-            samples = snap.iter_chunks(chunks[run.start : run.stop])
-            writer.write(_counted(samples, done, total, progress))
-            written = writer.finish()
-            if sum(c.num_samples for c in written) != run.samples:
-                raise CorruptError(f"compaction of {self.storage.uri} lost samples: aborted")
-            out += written
-            previous = run.stop
-        progress("compacting", total, total)
+        with progress.stage("compacting", sum(r.samples for r in runs), "samples") as stage:
+            for run in runs:
+                out += chunks[previous : run.start]
+                writer = ChunkWriter(self.storage, snap.manifest.config)
+                writers.append(writer)
+                samples = snap.iter_chunks(chunks[run.start : run.stop])
+                writer.write(_counted(samples, stage))
+                written = writer.finish()
+                if sum(c.num_samples for c in written) != run.samples:
+                    raise CorruptError(f"compaction of {self.storage.uri} lost samples: aborted")
+                out += written
+                previous = run.stop
         return out + chunks[previous:]
 
     def _segments_for(

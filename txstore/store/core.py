@@ -43,13 +43,12 @@ from .history import Diff, RollbackBuild, diff
 from .lease import DEFAULT_TTL, Lease
 from .maintenance import (
     ExpireReport,
-    Progress,
     VacuumReport,
     expire,
-    no_progress,
     parse_grace,
     vacuum,
 )
+from .progress import Progress, ProgressArg
 from .refs import LeaseInfo, TagInfo
 from .segments import Segments
 from .snapshot import ChunkReader, Snapshot
@@ -167,7 +166,7 @@ class Store:
         if txn_id is not None:
             existing = self._ctx.log.find_txn(txn_id, self._ctx.log.latest())
             if existing is not None:
-                return Commit.from_manifest(existing)
+                return Commit.from_manifest(existing, attempts=0)
         start = self._ctx.log.latest()
         config = start.config
         writer = ChunkWriter(self._ctx.storage, config)
@@ -187,7 +186,7 @@ class Store:
             raise
         if not result.created:
             writer.abort()  # the same txn_id landed from elsewhere meanwhile
-        return Commit.from_manifest(result.manifest)
+        return Commit.from_manifest(result.manifest, result.attempts)
 
     # -- staged writes and fields ----------------------------------------------------------
 
@@ -212,10 +211,11 @@ class Store:
         batched: bool = False,
         num_workers: int = 0,
         message: str | None = None,
-        progress: bool = False,
+        progress: ProgressArg = False,
     ) -> Commit:
         """Commit a version whose samples also have ``fields`` computed by ``fn``, stored
-        beside the chunks without rewriting them (see ``txstore.store.fields.add_fields``)."""
+        beside the chunks without rewriting them (see ``txstore.store.fields.add_fields``).
+        ``progress``: True shows it on stderr (see ``txstore.Progress``)."""
         return add_fields(
             self._ctx,
             fn,
@@ -223,7 +223,7 @@ class Store:
             batched=batched,
             num_workers=num_workers,
             message=message,
-            progress=progress,
+            progress=Progress.of(progress),
         )
 
     def drop_fields(self, fields: Iterable[str], *, message: str | None = None) -> Commit:
@@ -296,7 +296,8 @@ class Store:
         if target.version == seen:
             raise ValueError(f"version {target.version} is the latest already")
         build = RollbackBuild(self._ctx, target, seen, message)
-        return Commit.from_manifest(self._ctx.commit(build).manifest)
+        result = self._ctx.commit(build)
+        return Commit.from_manifest(result.manifest, result.attempts)
 
     def diff(self, a: Ref, b: Ref) -> Diff:
         """The commits between two versions and the samples ``b`` adds and removes vs ``a``."""
@@ -349,12 +350,15 @@ class Store:
         *,
         grace: float | str | timedelta | None = None,
         dry_run: bool = False,
-        progress: Progress | None = None,
+        progress: ProgressArg = None,
     ) -> VacuumReport:
         """Delete files no kept version needs that are older than ``grace`` (default 7 days).
 
         Safe while others append, as long as ``grace`` exceeds the longest append or
         compaction: until they commit, their new files are named by no version.
+        ``progress``: True shows it on stderr; a callback ``(stage, done, total)`` or a
+        ``txstore.Progress`` also works (quiet by default). The ``txstore.store.maintenance``
+        logger says what was deleted.
         """
         return vacuum(
             self._ctx.log,
@@ -363,7 +367,7 @@ class Store:
             grace=parse_grace(grace),
             now=self._ctx.clock,
             dry_run=dry_run,
-            progress=progress or no_progress,
+            progress=Progress.of(progress),
         )
 
     def compact(
@@ -371,23 +375,24 @@ class Store:
         *,
         message: str | None = None,
         dry_run: bool = False,
-        progress: Progress | None = None,
+        progress: ProgressArg = None,
     ) -> CompactResult:
         """Rewrite runs of undersized chunks into full ones, as a new version (operation
         "compact") with the same samples in the same order. Appends committed meanwhile are
-        kept; anything else committed meanwhile raises ``ConflictError``."""
+        kept; anything else committed meanwhile raises ``ConflictError``. ``progress`` as
+        for ``vacuum``."""
         return Compaction(self._ctx).run(
-            message=message, dry_run=dry_run, progress=progress or no_progress
+            message=message, dry_run=dry_run, progress=Progress.of(progress)
         )
 
     def verify(
-        self, *, quick: bool = False, deep: bool = False, progress: Progress | None = None
+        self, *, quick: bool = False, deep: bool = False, progress: ProgressArg = None
     ) -> VerifyReport:
         """Check the chain of versions, the refs, and every file unexpired versions need:
         present, the right size, and every byte against its checksums. ``quick`` reads only
         the metadata and each data file's footer; ``deep`` also decodes every sample.
         ``report.level`` says which. Reads storage, not this store's caches. Reports damage
-        in ``problems``; never repairs."""
+        in ``problems``; never repairs. ``progress`` as for ``vacuum``."""
 
         def fresh_snapshot(version: int) -> Snapshot:
             manifest = self._ctx.log.read(version, fresh=True)
@@ -402,7 +407,7 @@ class Store:
             now=self._ctx.clock(),
             quick=quick,
             deep=deep,
-            progress=progress or no_progress,
+            progress=Progress.of(progress),
         )
 
     def close(self) -> None:

@@ -24,7 +24,7 @@ from ..txn.rules import Rebase
 from .context import StoreContext
 from .forkpool import fork_pool, job
 from .history import Commit
-from .progress import Progress
+from .progress import QUIET, Progress, Stage
 from .snapshot import ChunkReader, Sample
 
 FieldFn = Callable[[Sample], dict[str, Any]]
@@ -123,7 +123,7 @@ def _commit_rewrite(
     """Commit ``chunks`` (same samples, new references) as the version right after
     ``parent``; a HistoryChangedError if anything was committed after it."""
     result = ctx.replace_chunks(chunks, start=parent, operation=operation, message=message)
-    return Commit.from_manifest(result.manifest)
+    return Commit.from_manifest(result.manifest, result.attempts)
 
 
 def _pool(num_workers: int, fn: Callable[..., Any]) -> Executor | None:
@@ -139,7 +139,7 @@ def add_fields(
     batched: bool = False,
     num_workers: int = 0,
     message: str | None = None,
-    progress: bool = False,
+    progress: Progress = QUIET,
 ) -> Commit:
     """Commit a version in which every sample also has ``fields``, computed by ``fn``.
 
@@ -159,12 +159,10 @@ def add_fields(
             chunks = ctx.snapshot(parent).chunk_refs()
             todo = [c for c in chunks if c.path not in done]
             firsts = _first_positions(chunks)
-            report = Progress("add_fields", sum(c.num_samples for c in todo), enabled=progress)
-            try:
+            total = sum(c.num_samples for c in todo)
+            with progress.stage("computing fields", total, "samples") as report:
                 for path, ref in _run(ctx, pool, todo, parent, fn, names, batched, firsts, report):
                     done[path] = ref
-            finally:
-                report.close()
             rewritten = [_with_field_file(c, done[c.path], names) for c in chunks]
             try:
                 return _commit_rewrite(ctx, parent, rewritten, "add_fields", message)
@@ -194,7 +192,7 @@ def _run(
     names: tuple[str, ...],
     batched: bool,
     firsts: dict[str, int],
-    report: Progress,
+    report: Stage,
 ) -> Iterable[tuple[str, FieldFile]]:
     version, config = parent.version, parent.config
     if pool is None:

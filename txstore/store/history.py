@@ -8,7 +8,7 @@ both back (always the higher one first) until they meet.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from ..errors import CorruptError, UnsupportedFormatError
@@ -33,9 +33,14 @@ class Commit:
     parent: int | None = None  #: the version it was committed on (None for version 0)
     #: the version a rollback restored or a compaction rewrote
     source_version: int | None = None
+    #: How many tries the commit loop took to land it (1 when nothing raced it; 0 when an
+    #: earlier commit with the same txn_id was returned untried). None for an entry read
+    #: from the history (``log``, ``commit_info``): the store does not record it. Not part of
+    #: equality: a commit equals its history entry.
+    attempts: int | None = field(default=None, compare=False)
 
     @classmethod
-    def from_manifest(cls, m: Manifest) -> Commit:
+    def from_manifest(cls, m: Manifest, attempts: int | None = None) -> Commit:
         return cls(
             version=m.version,
             num_samples=m.added_samples,
@@ -47,6 +52,7 @@ class Commit:
             commit_id=m.commit_id,
             parent=m.parent,
             source_version=m.source_version,
+            attempts=attempts,
         )
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, wait
@@ -38,7 +39,7 @@ from ..storage import Storage, open_storage
 from .core import Commit, Store, create
 from .core import open as open_store
 from .forkpool import FORK, fork_pool, job
-from .progress import Progress
+from .progress import Progress, ProgressArg, Stage
 from .snapshot import ChunkReader
 from .staging import StagedPart, StagedWriter, TransactionHandle, check_part
 
@@ -68,8 +69,13 @@ class _Samples:
         self.first = 0  # how many samples were taken before that input's
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        unreported = taken = 0
+        taken = 0
         fn, inputs, stop, flag = self.fn, self.inputs, self.stop, self.stop_flag
+        # Progress counts inputs (their number is the total known up front). A shared
+        # counter is told in batches, by count for fast inputs and by time for slow ones;
+        # this process's own progress, input by input.
+        every = 1 if isinstance(self.counter, Stage) else _REPORT_EVERY
+        unreported, reported_at = 0, time.monotonic()
         for index in range(self.start, stop):
             if flag is not None and flag.value:
                 raise _Stopped
@@ -78,10 +84,14 @@ class _Samples:
             self.index, self.first = index, taken
             yield from produced
             taken += len(produced)
-            unreported += len(produced)
-            if unreported >= _REPORT_EVERY or index == stop - 1:
+            unreported += 1
+            if (
+                unreported >= every
+                or index == stop - 1
+                or time.monotonic() - reported_at >= _REPORT_SECONDS
+            ):
                 _report(self.counter, unreported)
-                unreported = 0
+                unreported, reported_at = 0, time.monotonic()
 
     @staticmethod
     def _call(fn: Callable[[Any], Any], item: Any, index: int) -> list[Any]:
@@ -131,12 +141,13 @@ def _write(writer: StagedWriter, samples: _Samples) -> StagedPart:
     return writer.finish()
 
 
-#: Samples between progress reports: a shared counter costs a lock per update.
+#: Inputs, or seconds, between progress reports: a shared counter costs a lock per update.
 _REPORT_EVERY = 512
+_REPORT_SECONDS = 0.2
 
 
 def _report(counter: Any, n: int) -> None:
-    if isinstance(counter, Progress):
+    if isinstance(counter, Stage):
         counter.update(n)
     elif counter is not None:
         with counter.get_lock():
@@ -274,7 +285,7 @@ def optimize(
     storage_options: dict[str, Any] | None = None,
     message: str | None = None,
     txn_id: str | None = None,
-    progress: bool = True,
+    progress: ProgressArg = True,
 ) -> Commit:
     """Apply ``fn`` to every input and commit all the samples as one version of the store at
     ``output_dir`` (LitData's ``optimize``, transactional).
@@ -285,6 +296,8 @@ def optimize(
     "overwrite" commits a version holding only these samples (older versions stay). A new
     store is made only in a new or empty folder, and only when the samples are committed:
     a failed call leaves no store behind, and its rerun starts afresh.
+    ``progress``: by default a bar on stderr counting inputs (plain lines when stderr is not
+    a terminal); False for none, a callback ``(stage, done, total)``, or a ``txstore.Progress``.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be None, 'append' or 'overwrite', not {mode!r}")
@@ -316,7 +329,8 @@ def optimize(
     )
     parts: list[StagedPart] = []
     own: list[StagedPart] = []  # written in this process (not read back to be checked)
-    report = Progress("optimize", None, enabled=progress)
+    report = Progress.of(progress).stage("optimize", len(items), "inputs")
+    failed = True
     try:
         if num_workers <= 1:
             writer = StagedWriter(handle)
@@ -346,7 +360,9 @@ def optimize(
                 txn.adopt(part)
             else:
                 txn.add(part)  # a worker's part is read back and checked first
-        return txn.commit(replace=replace)
+        result = txn.commit(replace=replace)
+        failed = False
+        return result
     except CommitStateUnknownError:
         raise  # the commit may have landed: its chunks stay (the error says how to settle it)
     except BaseException:
@@ -357,7 +373,7 @@ def optimize(
                     os.rmdir(folder)
         raise
     finally:
-        report.close()
+        report.close(failed=failed)
 
 
 def _delete(storage: Storage, parts: list[StagedPart]) -> None:
@@ -378,7 +394,7 @@ def _run_workers(
     fn: Callable[[Any], Any],
     items: Sequence[Any],
     num_workers: int,
-    report: Progress,
+    report: Stage,
 ) -> None:
     """Write the inputs' samples in worker processes, adding their parts to ``parts`` (also
     those of the workers that finished when another failed, for the caller to delete)."""

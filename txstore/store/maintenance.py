@@ -13,6 +13,7 @@ protects the files of writers still at work: no version names their chunks until
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -27,11 +28,11 @@ from ..storage import FileInfo, Storage
 from ..storage.base import TEMP_PREFIX
 from ..txn import VersionLog
 from ..txn.log import version_of_key
+from .progress import QUIET, Progress
 from .refs import RETENTION_KEY, Refs, find_expired, lease_key, with_expired
 from .segments import Segments
 
-#: (stage, done, total): called as long work advances; the CLI draws a progress line from it.
-Progress = Callable[[str, int, int], None]
+logger = logging.getLogger(__name__)
 
 DEFAULT_GRACE = 7 * 86400.0
 #: The only folders vacuum deletes data files from (see format/manifest.py).
@@ -43,27 +44,27 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
-def no_progress(stage: str, done: int, total: int) -> None:
-    pass
-
-
 def parallel(
     fn: Callable[[T], R],
     items: Sequence[T],
     stage: str,
+    unit: str,
     progress: Progress,
     *,
     threads: int = THREADS,
 ) -> list[R]:
-    """``fn`` over ``items`` on a thread pool (object stores answer slowly, in parallel)."""
+    """``fn`` over ``items`` on a thread pool (object stores answer slowly, in parallel),
+    counted as one stage of ``progress``."""
     if not items:
         return []
-    progress(stage, 0, len(items))
     out: list[R] = []
-    with ThreadPoolExecutor(max_workers=min(threads, len(items))) as pool:
-        for i, result in enumerate(pool.map(fn, items), 1):
+    with (
+        progress.stage(stage, len(items), unit) as counter,
+        ThreadPoolExecutor(max_workers=min(threads, len(items))) as pool,
+    ):
+        for result in pool.map(fn, items):
             out.append(result)
-            progress(stage, i, len(items))
+            counter.update()
     return out
 
 
@@ -97,9 +98,10 @@ class Reach:
 def read_manifests(
     log: VersionLog,
     versions: Iterable[int],
-    progress: Progress = no_progress,
+    progress: Progress = QUIET,
     *,
     fresh: bool = False,
+    stage: str = "reading manifests",
 ) -> tuple[dict[int, Manifest], list[Problem]]:
     wanted = list(versions)
 
@@ -111,7 +113,8 @@ def read_manifests(
 
     found: dict[int, Manifest] = {}
     problems: list[Problem] = []
-    for v, got in zip(wanted, parallel(read, wanted, "reading manifests", progress), strict=True):
+    got_all = parallel(read, wanted, stage, "manifests", progress)
+    for v, got in zip(wanted, got_all, strict=True):
         if isinstance(got, Problem):
             problems.append(got)
         else:
@@ -125,7 +128,7 @@ def reach(
     versions: Iterable[int],
     *,
     tolerate: frozenset[int] = frozenset(),
-    progress: Progress = no_progress,
+    progress: Progress = QUIET,
 ) -> Reach:
     """Every file ``versions`` need; damage is a problem unless only ``tolerate`` versions
     (expired ones, which a vacuum may have cleaned already) need the damaged file.
@@ -158,7 +161,8 @@ def reach(
 
     out = Reach(manifests, {}, {}, {}, problems)
     listed = list(refs.values())
-    for ref, got in zip(listed, parallel(read, listed, "reading segments", progress), strict=True):
+    read_all = parallel(read, listed, "reading segments", "segments", progress)
+    for ref, got in zip(listed, read_all, strict=True):
         strict = not owners[ref.path] <= tolerate
         if isinstance(got, Exception):
             if strict:
@@ -315,7 +319,7 @@ def vacuum(
     grace: float,
     now: Callable[[], float],
     dry_run: bool = False,
-    progress: Progress = no_progress,
+    progress: Progress = QUIET,
 ) -> VacuumReport:
     storage = log.storage
     t = now()
@@ -323,9 +327,9 @@ def vacuum(
     latest, keep, graced = retained_versions(log, refs, t, grace)
     needed = reach(log, segments, keep, tolerate=graced, progress=progress)
     _refuse_if_damaged(storage, needed)
-    progress("listing files", 0, 1)
-    listing = list(storage.list(""))
-    progress("listing files", 1, 1)
+    with progress.stage("listing files", 1, "listings") as listed:
+        listing = list(storage.list(""))
+        listed.update()
     newest = log.latest_version()
     _refuse_if_chain_broken(storage, listing, newest)
     if newest > latest:  # committed while we looked: keep what they need too
@@ -336,8 +340,18 @@ def vacuum(
     lapsed = {lease_key(lease_id) for lease_id, lease in refs.leases() if lease.expires_at < cutoff}
     doomed = [f for f in orphans(listing, needed) if f.mtime < cutoff]
     doomed += [f for f in listing if f.mtime < cutoff and f.key in lapsed]
-    if not dry_run:
-        parallel(lambda f: storage.delete(f.key), doomed, "deleting", progress)
+    if dry_run:
+        for f in doomed:
+            logger.debug("vacuum would delete %s (%d bytes)", f.key, f.size)
+    else:
+        parallel(lambda f: _delete(storage, f), doomed, "deleting", "files", progress)
+    logger.info(
+        "vacuum of %s %s %d files (%d bytes)",
+        storage.uri,
+        "would delete" if dry_run else "deleted",
+        len(doomed),
+        sum(f.size for f in doomed),
+    )
     return VacuumReport(
         files=doomed,
         dry_run=dry_run,
@@ -345,6 +359,11 @@ def vacuum(
         kept_versions=len(keep),
         expired_versions=latest + 1 - len(keep),
     )
+
+
+def _delete(storage: Storage, f: FileInfo) -> None:
+    storage.delete(f.key)
+    logger.debug("vacuum deleted %s (%d bytes)", f.key, f.size)
 
 
 def listed_versions(listing: Iterable[FileInfo]) -> set[int]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from bisect import bisect_left, bisect_right
 from collections import OrderedDict
@@ -35,8 +36,19 @@ from .views import ChunkInfo, Config
 if TYPE_CHECKING:
     from datetime import timedelta
 
+logger = logging.getLogger(__name__)
+
 Sample = dict[str, Any]
 _LAYOUT_CACHE = 1024
+
+
+def _fetching(storage: Storage, path: str, start: int, end: int, what: str) -> None:
+    """A DEBUG line per read from storage (a range or a whole file), never per sample
+    decoded from it; callers test ``logger.isEnabledFor`` first, so a quiet logger costs one
+    cached level check per read."""
+    logger.debug(
+        "reading %s/%s bytes %d-%d (%d bytes, %s)", storage.uri, path, start, end, end - start, what
+    )
 
 
 @dataclass(frozen=True)
@@ -78,6 +90,8 @@ class ChunkReader:
             if src.num_samples >= 0 and found.footer.num_samples != src.num_samples:
                 self._count_mismatch(src, found, version)
             return found
+        if logger.isEnabledFor(logging.DEBUG):
+            _fetching(self.storage, src.path, src.footer_offset, src.size, "footer")
         try:
             tail = self.storage.read_range(src.path, src.footer_offset, src.size)
         except NotFoundError:
@@ -139,6 +153,8 @@ class ChunkReader:
             n = layout.footer.blocks[block].num_samples
             start = frames[0].offset
             end = frames[-1].offset + frames[-1].length
+            if logger.isEnabledFor(logging.DEBUG):
+                _fetching(self.storage, src.path, start, end, f"block {block} for one sample")
             try:
                 buf = self.storage.read_range_view(src.path, start, end)
             except NotFoundError:
@@ -159,6 +175,8 @@ class ChunkReader:
         }
 
     def _buffer(self, src: ChunkFile, version: int) -> bytes | memoryview:
+        if logger.isEnabledFor(logging.DEBUG):
+            _fetching(self.storage, src.path, 0, src.size, "whole file")
         try:
             return self.storage.read_buffer(src.path)
         except NotFoundError:
@@ -199,10 +217,13 @@ class ChunkReader:
             for f in block.frames
             if names[f.column] in keep
         ]
+        ranges = coalesce(spans, self.storage.range_merge_gap)
+        if logger.isEnabledFor(logging.DEBUG):
+            for start, end in ranges:
+                _fetching(self.storage, src.path, start, end, f"frames of {sorted(keep)}")
         try:
             pieces = [
-                (start, self.storage.read_range(src.path, start, end))
-                for start, end in coalesce(spans, self.storage.range_merge_gap)
+                (start, self.storage.read_range(src.path, start, end)) for start, end in ranges
             ]
         except NotFoundError:
             raise self._missing(src.path, version) from None

@@ -234,7 +234,7 @@ class Transaction:
             raise
         if not result.created:
             self.abort()  # the same txn_id landed before: these chunks are not needed
-        self.result = Commit.from_manifest(result.manifest)
+        self.result = Commit.from_manifest(result.manifest, result.attempts)
         return self.result
 
     def abort(self) -> None:

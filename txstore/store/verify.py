@@ -26,15 +26,14 @@ from ..storage import FileInfo, Storage
 from ..txn import VersionLog, manifest_key, txn_marker_key
 from .maintenance import (
     Problem,
-    Progress,
     listed_versions,
-    no_progress,
     orphans,
     parallel,
     reach,
     read_manifests,
     retained_versions,
 )
+from .progress import QUIET, Progress
 from .refs import LEASES, RETENTION_KEY, TAGS, Refs, is_tag_key
 from .segments import Segments
 from .snapshot import Snapshot
@@ -120,7 +119,7 @@ def verify(
     now: float,
     quick: bool = False,
     deep: bool = False,
-    progress: Progress = no_progress,
+    progress: Progress = QUIET,
 ) -> VerifyReport:
     """Check the store; ``snapshot`` opens a version through caches of its own (fresh)."""
     if quick and deep:
@@ -161,7 +160,9 @@ def verify(
     keep = [v for v in keep if v not in missing]
     # Every manifest, expired ones too: they are what the log, diff and txn ids read.
     present = [v for v in range(latest + 1) if v not in missing]
-    manifests, bad = read_manifests(log, present, progress, fresh=True)
+    manifests, bad = read_manifests(
+        log, present, progress, fresh=True, stage="reading every manifest"
+    )
     problems += bad
     markers, marker_problems = _read_markers(storage, listing, progress)
     problems += marker_problems
@@ -198,9 +199,11 @@ def verify(
 
     files = list(needed.files.values())
     if quick:
-        checked = parallel(check, files, "checking footers", progress)
+        checked = parallel(check, files, "checking footers", "files", progress)
     else:
-        checked = parallel(check, files, "reading contents", progress, threads=_CONTENT_THREADS)
+        checked = parallel(
+            check, files, "reading contents", "files", progress, threads=_CONTENT_THREADS
+        )
     problems += [p for p in checked if p is not None]
 
     samples: int | None = None
@@ -218,7 +221,7 @@ def verify(
             return n
 
         samples = 0
-        for got in parallel(decode, chunks, "decoding samples", progress):
+        for got in parallel(decode, chunks, "decoding samples", "chunks", progress):
             if isinstance(got, Problem):
                 problems.append(got)
             else:
@@ -272,7 +275,8 @@ def _read_markers(
 
     markers: dict[int, TxnMarker] = {}
     problems: list[Problem] = []
-    for key, got in zip(keys, parallel(read, keys, "reading txn markers", progress), strict=True):
+    read_all = parallel(read, keys, "reading txn markers", "markers", progress)
+    for key, got in zip(keys, read_all, strict=True):
         if isinstance(got, Problem):
             problems.append(got)
         elif got is not None:

@@ -10,6 +10,7 @@ it raises ``CommitStateUnknownError`` and leaves its data files alone.
 from __future__ import annotations
 
 import contextlib
+import logging
 import random
 import time
 from collections.abc import Callable
@@ -27,6 +28,8 @@ from ..errors import (
 from ..format import manifest as fmt
 from ..format.manifest import Manifest
 from .log import VersionLog, manifest_key
+
+logger = logging.getLogger(__name__)
 
 _MAX_UNSETTLED = 3  # a write failing cleanly this often in a row is a storage problem
 
@@ -108,6 +111,13 @@ class _InDoubt:
 
 
 def _succeed(log: VersionLog, manifest: Manifest, attempts: int) -> CommitResult:
+    logger.debug(
+        "committed version %d (%s) to %s in %d attempt(s)",
+        manifest.version,
+        manifest.operation,
+        log.storage.uri,
+        attempts,
+    )
     log.advance_head(manifest.version)
     # Saves the next committer a write; it writes the marker itself if this fails.
     with contextlib.suppress(TxstoreError):
@@ -131,11 +141,24 @@ def commit(
     rng = rng or random.Random()
     doubt = _InDoubt(log)
     unsettled = 0  # failed writes that read back as absent, in a row
+    tried_on: int | None = None  # the parent of the previous attempt
     for attempt in range(1, policy.max_attempts + 1):
         try:
             with log.storage.writer_lock():
                 # strict: refuse to commit into a hole in the chain of versions
                 parent = log.latest(strict=True)
+                if tried_on is not None and parent.version > tried_on:
+                    logger.info(
+                        "commit to %s, attempt %d of %d: rebasing onto version %d (versions "
+                        "%d-%d were committed since the last attempt)",
+                        log.storage.uri,
+                        attempt,
+                        policy.max_attempts,
+                        parent.version,
+                        tried_on + 1,
+                        parent.version,
+                    )
+                tried_on = parent.version
                 # After the latest is known: a doubtful write of ours that landed at or below
                 # it is visible now (versions are contiguous); one that lands later can only
                 # land at parent + 1, where our next write will meet it and read it back.
@@ -161,6 +184,15 @@ def commit(
                 except (AlreadyExistsError, StorageError) as e:
                     outcome = _settle(log, manifest, e)
                     if outcome is None:
+                        logger.info(
+                            "commit to %s, attempt %d of %d: writing version %d failed (%s) "
+                            "and it reads back absent: trying again",
+                            log.storage.uri,
+                            attempt,
+                            policy.max_attempts,
+                            manifest.version,
+                            e,
+                        )
                         doubt.versions.add(manifest.version)
                         unsettled += 1
                         if unsettled >= _MAX_UNSETTLED:
@@ -175,6 +207,14 @@ def commit(
         if outcome:
             return _succeed(log, manifest, attempt)
         if outcome is False:  # lost the race: rebase on the new latest after a pause
+            logger.info(
+                "commit to %s, attempt %d of %d: version %d was committed by another writer "
+                "first; retrying on the new latest",
+                log.storage.uri,
+                attempt,
+                policy.max_attempts,
+                manifest.version,
+            )
             time.sleep(policy.delay(attempt, rng))
     try:
         ours = doubt.landed()

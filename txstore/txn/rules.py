@@ -11,6 +11,7 @@ What each operation does to a version's samples:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -19,6 +20,8 @@ from ..format.manifest import Manifest, SegmentRef, StoreConfig
 
 if TYPE_CHECKING:
     from .log import VersionLog
+
+logger = logging.getLogger(__name__)
 
 #: Operations that keep their parent's samples, in order (chunks or fields change).
 SAME_SAMPLES = frozenset({"compact", "add_fields", "drop_fields"})
@@ -85,8 +88,10 @@ class Rebase:
         self._checked = start
 
     def check(self, parent: Manifest) -> None:
+        over: list[str] = []
         for v in range(self._checked + 1, parent.version + 1):
             m = parent if v == parent.version else self.log.read(v)
+            over.append(f"{v} ({m.operation})")
             if m.operation not in self.allowed:
                 raise HistoryChangedError(
                     f"version {v} of {self.log.storage.uri} {_what(m)} while this "
@@ -95,6 +100,14 @@ class Rebase:
                     version=v,
                     operation=m.operation,
                 )
+        if over:
+            logger.info(
+                "%s begun at version %d of %s rebased over version %s",
+                self.operation,
+                self.start,
+                self.log.storage.uri,
+                ", ".join(over),
+            )
         self._checked = max(self._checked, parent.version)
 
 

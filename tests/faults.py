@@ -36,10 +36,22 @@ class FaultyStorage(Storage):
         self.inner = inner
         self.uri = inner.uri
         self.storage_options = inner.storage_options
+        # What the backend below declares (a wrapper changes which calls fail, nothing else).
+        self.is_remote = inner.is_remote
+        self.shared_across_processes = inner.shared_across_processes
+        self.range_merge_gap = inner.range_merge_gap
         self.fail_at = fail_at
         self.mode = mode
         self.only = only  # count only these operations (None: every call)
         self.calls: list[tuple[str, str]] = []
+
+    @property
+    def endpoint(self) -> str:
+        return self.inner.endpoint
+
+    @property
+    def local_path(self) -> str | None:
+        return self.inner.local_path
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (FaultyStorage, (self.inner,), {"fail_at": None})

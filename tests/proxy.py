@@ -7,6 +7,8 @@ k-th request, or those a predicate picks, it can
   but the proxy closes the client's connection instead of passing the answer on;
 - **delay** the reply: hold the server's answer longer than the client waits for it;
 - **lose** the request: close the client's connection without passing it on;
+- **strip** request headers (``strip``, lower-case names; every request): with the
+  conditional headers gone, the server below is one that ignores conditions;
 - deliver the request **late**: keep it from the server until the client, having given up on
   it, reads the same key; deliver it then, before passing on that answer. So the client's
   read-back misses a write that lands right after, as a slow server can do.
@@ -125,6 +127,7 @@ class Proxy:
     upstream: tuple[str, int]
     rules: list[Rule] = field(default_factory=list)
     seen: list[Request] = field(default_factory=list)
+    strip: frozenset[str] = frozenset()  # request headers removed before forwarding
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -203,7 +206,7 @@ class Proxy:
                 fates.put((method, fate))  # before the server can answer
                 # The head goes first: with "Expect: 100-continue" the client sends its body
                 # only after the server's interim reply.
-                server.sendall(raw)
+                server.sendall(_without(raw, self.strip) if self.strip else raw)
                 server.sendall(reader.body(headers, has_body=True))
         except OSError:
             pass
@@ -259,6 +262,17 @@ class Proxy:
             pass
         finally:
             _close(client, server)
+
+
+def _without(head: bytes, names: frozenset[str]) -> bytes:
+    """A request head without the header lines of ``names`` (lower-case)."""
+    lines = head.split(b"\r\n")
+    kept = [
+        line
+        for i, line in enumerate(lines)
+        if i == 0 or line.partition(b":")[0].strip().decode("latin-1").lower() not in names
+    ]
+    return b"\r\n".join(kept)
 
 
 def _close(*socks: socket.socket) -> None:

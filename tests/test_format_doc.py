@@ -39,7 +39,7 @@ from txstore.format.manifest import (
     TxnMarker,
 )
 from txstore.storage.memory import MemoryStorage
-from txstore.txn import txn_marker_key
+from txstore.txn import safety, txn_marker_key
 
 DOC_PATH = Path(__file__).resolve().parent.parent / "docs" / "format.md"
 DOC = DOC_PATH.read_text(encoding="utf-8")
@@ -287,6 +287,22 @@ def _retention() -> None:
     assert store.snapshot(latest).version == latest
 
 
+def _storage_check() -> None:
+    record = fmt.decode(_json("storage-check"), fmt.StorageCheck, "format.md storage check")
+    _current_version(record)
+    (entry,) = record.endpoints
+    assert set(json.loads(_json("storage-check"))["endpoints"][0]) == _struct_fields(
+        fmt.CheckedEndpoint
+    )
+    assert entry.checks == safety.CHECKS  # the checks, named as a writer records them
+    storage = MemoryStorage()
+    storage.write(fmt.STORAGE_CHECK_KEY, _json("storage-check"))
+    assert not safety.is_checked(storage)  # another endpoint's pass does not cover this one
+    ours = fmt.replace(record, endpoints=(fmt.replace(entry, endpoint=storage.endpoint),))
+    storage.write(fmt.STORAGE_CHECK_KEY, fmt.encode(ours))
+    assert safety.is_checked(storage)
+
+
 def _chunk_file_ref() -> None:
     # Its bytes are checked against the chunk file in _chunk_file.
     seg = fmt.decode(_json("chunk-file-ref"), Segment, "format.md chunk file reference")
@@ -395,6 +411,7 @@ CHECKS = {
     "tag": _tag,
     "lease": _lease,
     "retention": _retention,
+    "storage-check": _storage_check,
     "chunk-file": _chunk_file,
     "chunk-file-ref": _chunk_file_ref,
     "footer-schema": _footer_schema,

@@ -14,6 +14,8 @@
 - ``UnsupportedFormatError``: written by a newer txstore; upgrade to read it.
 - ``EncodeError``: a sample holds a value the format cannot store; fix the input.
 - ``StorageError``: the backend failed (network, permissions, disk); retry later.
+- ``UnsafeStorageError``: the backend does not keep conditional writes, so commits there
+  would be lost; use another server (retrying cannot help).
 """
 
 from __future__ import annotations
@@ -115,6 +117,15 @@ class EncodeError(TxstoreError, ValueError):
 
     def __reduce__(self) -> tuple[object, ...]:  # crosses back from worker processes
         return (type(self), (self.args[0], self.index))
+
+
+class UnsafeStorageError(TxstoreError):
+    """The backend let through a conditional write it must refuse (a second create of one
+    object, or a swap with a stale token): commits there would be lost without an error.
+
+    Raised before anything is committed; nothing is written but a probe object. Use a server
+    that honours ``If-None-Match`` and ``If-Match`` on writes (docs/object-stores.md).
+    """
 
 
 class StorageError(TxstoreError):

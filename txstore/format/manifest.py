@@ -260,6 +260,41 @@ class Tag(_Document, tag="tag", kw_only=True, frozen=True):
     message: str | None = None
 
 
+#: The backend check (format §9): the record of the endpoints whose conditional writes were
+#: proved, and the probe objects the check writes (garbage once the check is over).
+CHECKS = "checks/"
+STORAGE_CHECK_KEY = "checks/storage.json"
+_PROBE_NAME = re.compile(r"probe\.[0-9a-f]{32}")
+
+
+def probe_key(token: str) -> str:
+    """The probe object of one run of the check; ``token`` is 32 hex digits."""
+    key = f"{CHECKS}probe.{token}"
+    if not is_probe_key(key):
+        raise ValueError(f"a probe token is 32 hex digits, not {token!r}")
+    return key
+
+
+def is_probe_key(key: str) -> bool:
+    return key.startswith(CHECKS) and _PROBE_NAME.fullmatch(key[len(CHECKS) :]) is not None
+
+
+class CheckedEndpoint(msgspec.Struct, frozen=True, kw_only=True):
+    """One endpoint whose conditional writes passed the check, and when."""
+
+    endpoint: str
+    checks: tuple[str, ...]
+    checked_at: Timestamp
+
+
+class StorageCheck(_Document, tag="storage-check", kw_only=True, frozen=True):
+    """``checks/storage.json``: the endpoints through which writers may trust this store's
+    backend with commits. Only a hint to skip the probe: a lost or damaged record costs one
+    more probe, never a commit."""
+
+    endpoints: tuple[CheckedEndpoint, ...] = ()
+
+
 class LeaseRecord(_Document, tag="lease", kw_only=True, frozen=True):
     """1.1: ``refs/leases/<id>.json``, a running job's pin on a version until ``expires_at``."""
 

@@ -50,6 +50,15 @@ class Storage(ABC):
     is_remote: bool = True
 
     @property
+    def endpoint(self) -> str:
+        """The server this storage's requests go to, as the backend check records it (a
+        check holds for one endpoint): the ``endpoint_url`` of the options, or ``default``
+        for the service's own."""
+        opts = self.storage_options
+        url = opts.get("endpoint_url") or (opts.get("client_kwargs") or {}).get("endpoint_url")
+        return str(url) if url else "default"
+
+    @property
     def local_path(self) -> str | None:
         """The local folder the objects are files under (key "a/b" is ``<local_path>/a/b``),
         or None where they are not files on this machine."""

@@ -13,6 +13,7 @@ import ctypes
 import hashlib
 import mmap
 import os
+import platform
 import threading
 import uuid
 from collections import OrderedDict
@@ -130,6 +131,12 @@ class LocalStorage(Storage):
     @property
     def local_path(self) -> str:
         return self.root
+
+    @property
+    def endpoint(self) -> str:
+        # The file system as this host sees it: another host mounting the same folder (NFS,
+        # say) runs the check for itself.
+        return f"file://{platform.node()}"
 
     def _path(self, key: str) -> str:
         return os.path.join(self.root, *key.split("/"))

@@ -33,6 +33,10 @@ class MemoryStorage(Storage):
             with _named_lock:
                 self._objects = _named.setdefault(name, {})
 
+    @property
+    def endpoint(self) -> str:
+        return "memory"
+
     def __reduce__(self) -> tuple[Any, ...]:
         # A memory store cannot cross a process boundary; within one it stays the same dict.
         if self.uri.startswith("memory://anonymous-"):

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 
 from ..format.manifest import ChunkRef, Manifest, SegmentRef
 from ..storage import Storage
-from ..txn import Build, CommitResult, RetryPolicy, VersionLog, commit
+from ..txn import Build, CommitResult, RetryPolicy, VersionLog, commit, ensure_safe
 from ..txn.rules import Rebase, next_manifest
 from .refs import Refs
 from .segments import Segments
@@ -37,6 +37,7 @@ class StoreContext:
         self.retry = retry or RetryPolicy()
         #: The time for manifests, expiry and leases; tests may shift it.
         self.clock: Clock = clock or time.time
+        self._safe = False  # the backend check passed (or was on record) for this handle
 
     @property
     def uri(self) -> str:
@@ -45,8 +46,16 @@ class StoreContext:
     def snapshot(self, manifest: Manifest) -> Snapshot:
         return Snapshot(manifest, self.storage, self.segments, self.reader)
 
+    def ensure_writable(self) -> None:
+        """The backend check (``txn.safety``), once per open store: called before a writer
+        writes its first chunk, and by every commit. ``UnsafeStorageError`` if it fails."""
+        if not self._safe:
+            ensure_safe(self.storage, self.clock)
+            self._safe = True
+
     def commit(self, build: Build, *, txn_id: str | None = None) -> CommitResult:
         """Run the commit loop with this store's retry policy."""
+        self.ensure_writable()
         return commit(self.log, build, txn_id=txn_id, policy=self.retry)
 
     def next_manifest(

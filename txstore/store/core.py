@@ -33,7 +33,7 @@ from ..format.manifest import (
 )
 from ..format.units import parse_duration, parse_size
 from ..storage import Storage, open_storage
-from ..txn import RetryPolicy, VersionLog, manifest_key
+from ..txn import RetryPolicy, VersionLog, ensure_safe, manifest_key
 from ..txn.rules import first_manifest
 from .compact import Compaction, CompactResult
 from .context import StoreContext
@@ -167,6 +167,7 @@ class Store:
             existing = self._ctx.log.find_txn(txn_id, self._ctx.log.latest())
             if existing is not None:
                 return Commit.from_manifest(existing, attempts=0)
+        self._ctx.ensure_writable()  # before any chunk is written
         start = self._ctx.log.latest()
         config = start.config
         writer = ChunkWriter(self._ctx.storage, config)
@@ -443,6 +444,7 @@ def create(
         compression_level=compression_level,
     )
     storage = open_storage(uri, storage_options)
+    ensure_safe(storage, time.time)  # version 0 is a commit too
     initial = first_manifest(config, commit_id=uuid.uuid4().hex, timestamp=time.time())
     log = VersionLog(storage)
     try:

@@ -299,9 +299,10 @@ class VacuumReport:
 
 def collectable(key: str) -> bool:
     """Whether vacuum may delete ``key`` once no kept version needs it: a data file directly
-    in a data folder, or an abandoned temp file. Never a manifest, HEAD, ref or txn marker,
-    whatever a document names: the rule depends on the key alone."""
-    return is_temp(key) or fmt.is_data_key(key)
+    in a data folder, an abandoned temp file, or a probe the backend check left. Never a
+    manifest, HEAD, ref, txn marker or the check's record, whatever a document names: the
+    rule depends on the key alone."""
+    return is_temp(key) or fmt.is_data_key(key) or fmt.is_probe_key(key)
 
 
 def orphans(listing: Iterable[FileInfo], needed: Reach) -> list[FileInfo]:

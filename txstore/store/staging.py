@@ -126,6 +126,7 @@ class Transaction:
         self._ctx = ctx
         self.message = message
         self.txn_id = txn_id
+        ctx.ensure_writable()  # before any writer writes a part
         self._start = ctx.log.latest()  # what the transaction builds on
         if handle is not None and (
             handle.uri != ctx.storage.uri or handle.config != self._start.config

@@ -2,6 +2,7 @@
 
 from .commit import Build, CommitResult, RetryPolicy, commit
 from .log import VersionLog, manifest_key, txn_marker_key
+from .safety import ensure_safe
 
 __all__ = [
     "Build",
@@ -9,6 +10,7 @@ __all__ = [
     "RetryPolicy",
     "VersionLog",
     "commit",
+    "ensure_safe",
     "manifest_key",
     "txn_marker_key",
 ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import uuid
+from typing import Any
 
 import pytest
 
@@ -47,3 +48,14 @@ class TestS3Storage(StorageSuite):
             config_kwargs={"retries": {"max_attempts": 1}},
         )
         return open_storage(f"s3://{s3_server.new_bucket()}/{uuid.uuid4().hex}", options)
+
+
+def test_a_whole_read_is_one_request(s3_server: S3Server, proxy: Any) -> None:
+    """Manifests, segments and cached chunks are read whole: one GET each, no HEAD first."""
+    options = dict(s3_server.options, endpoint_url=proxy.endpoint)
+    storage = open_storage(f"s3://{s3_server.new_bucket()}/store", options)
+    storage.write("segments/a.json", b"x" * 1000)
+    proxy.reset()
+    assert storage.read("segments/a.json") == b"x" * 1000
+    assert storage.read_with_token("segments/a.json")[0] == b"x" * 1000
+    assert [r.method for r in proxy.seen] == ["GET", "GET"]

@@ -54,12 +54,25 @@ class S3Storage(Storage):
             return NotFoundError(f"{self.uri}/{key} does not exist")
         return StorageError(f"cannot {action} {self.uri}/{key}: {exc}")
 
-    def read(self, key: str) -> bytes:
+    def _get(self, key: str) -> tuple[bytes, str]:
+        """One GetObject: the object and its ETag. (s3fs's ``cat_file`` of a whole object
+        sends a HEAD first: a second round trip for every manifest, segment and chunk.)"""
+        fs, bucket, object_key = self._fs, self._bucket, self._object_key(key)
+
+        async def get() -> tuple[bytes, str]:
+            response = await fs._call_s3("get_object", Bucket=bucket, Key=object_key)
+            async with response["Body"] as stream:
+                data: bytes = await stream.read()
+            return data, str(response["ETag"])
+
         try:
-            data: bytes = self._fs.cat_file(self._path(key))
+            result: tuple[bytes, str] = sync(fs.loop, get)
         except Exception as e:
             raise self._fail("read", key, e) from e
-        return data
+        return result
+
+    def read(self, key: str) -> bytes:
+        return self._get(key)[0]
 
     def read_range(self, key: str, start: int, end: int) -> bytes:
         try:
@@ -91,19 +104,7 @@ class S3Storage(Storage):
             raise StorageError(f"cannot publish {self.uri}/{key}: {e}") from e
 
     def read_with_token(self, key: str) -> tuple[bytes, str]:
-        fs, bucket, object_key = self._fs, self._bucket, self._object_key(key)
-
-        async def get() -> tuple[bytes, str]:
-            response = await fs._call_s3("get_object", Bucket=bucket, Key=object_key)
-            async with response["Body"] as stream:
-                data: bytes = await stream.read()
-            return data, str(response["ETag"])
-
-        try:
-            result: tuple[bytes, str] = sync(fs.loop, get)
-        except Exception as e:
-            raise self._fail("read", key, e) from e
-        return result
+        return self._get(key)
 
     def compare_and_swap(self, key: str, data: bytes, token: str | None) -> None:
         condition = {"IfNoneMatch": "*"} if token is None else {"IfMatch": token}

@@ -1,6 +1,6 @@
 """Micro-benchmark of the chunk builder's fast paths and of ``decode_blocks`` (txstore alone).
 
-Times, with ``timeit`` (best of ``--repeat`` runs), building one
+Times, with ``timeit`` (best of ``--repeat`` runs, in this thread's CPU time unless ``--wall``), building one
 chunk from the same pre-made samples through ``add`` (one call a sample), ``add_from`` (an
 iterator) and ``add_many`` (lists, as the writer slices them), and decoding every block of a
 chunk with ``decode_blocks`` (each frame checked, or the body checked before so no frame is,
@@ -31,6 +31,7 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 import timeit
 from collections.abc import Callable
 from pathlib import Path
@@ -126,9 +127,9 @@ def _tasks(tx: SimpleNamespace, samples: list[dict[str, Any]]) -> dict[str, Call
     }
 
 
-def _time(task: Callable[[], Any], number: int, n: int) -> float:
+def _time(task: Callable[[], Any], number: int, n: int, timer: Callable[[], float]) -> float:
     """ns a sample, of one timeit run of ``number`` loops."""
-    return timeit.timeit(task, number=number) / number / n * 1e9
+    return timeit.Timer(task, timer=timer).timeit(number=number) / number / n * 1e9
 
 
 def main() -> None:
@@ -142,8 +143,15 @@ def main() -> None:
         help="another checkout (its folder): each task runs on both, alternating, and the "
         "ratio this/other is reported",
     )
+    parser.add_argument(
+        "--wall",
+        action="store_true",
+        help="time with the wall clock, not this thread's CPU time (which other processes on "
+        "a busy machine disturb less)",
+    )
     parser.add_argument("--json", type=Path, help="write the results to this JSON file")
     args = parser.parse_args()
+    timer = time.perf_counter if args.wall else time.thread_time
     sides = {"this": _load("txstore")}
     if args.against is not None:
         links = tempfile.mkdtemp(prefix="bench-builder-")
@@ -161,7 +169,7 @@ def main() -> None:
             for r in range(args.repeat):
                 order = list(sides) if r % 2 == 0 else list(reversed(sides))  # A B, then B A
                 for side in order:
-                    times[side].append(_time(tasks[side][task], args.number, len(samples)))
+                    times[side].append(_time(tasks[side][task], args.number, len(samples), timer))
             row: dict[str, Any] = {side: min(t) for side, t in times.items()}
             row["runs"] = times
             line = f"{kind:>6} {task:<18}" + "".join(f" {side} {row[side]:9.1f}" for side in sides)

@@ -124,6 +124,7 @@ def _tasks(tx: SimpleNamespace, samples: list[dict[str, Any]]) -> dict[str, Call
         "decode": decoding(False, False),
         "decode-prechecked": decoding(False, True),
         "decode-views": decoding(True, False),
+        "decode-views-prechecked": decoding(True, True),
     }
 
 
@@ -172,7 +173,7 @@ def main() -> None:
                     times[side].append(_time(tasks[side][task], args.number, len(samples), timer))
             row: dict[str, Any] = {side: min(t) for side, t in times.items()}
             row["runs"] = times
-            line = f"{kind:>6} {task:<18}" + "".join(f" {side} {row[side]:9.1f}" for side in sides)
+            line = f"{kind:>6} {task:<24}" + "".join(f" {side} {row[side]:9.1f}" for side in sides)
             if "other" in sides:
                 # The pairs run next to each other: their ratios' median resists load spikes.
                 pairs = [a / b for a, b in zip(times["this"], times["other"], strict=True)]

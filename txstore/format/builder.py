@@ -6,10 +6,11 @@ the shape last seen (its keys in order, the exact type of each value) takes a fa
 call takes the row out of the dict and one checks its types; its ints and strs get a range and
 UTF-8 check, its arrays and containers the checked encoder. Any other sample takes the slow
 path, which checks every key and value and makes its shape the fast one (shapes are kept, so
-samples alternating between shapes do not rebuild them). ``add_many`` takes a list of samples
-of the fast path's shape with one C pass per check over the whole list; ``add_from`` takes an
-iterator's samples one at a time, in a loop without a call per sample. Either way a sample
-that cannot be stored is refused when it is added.
+samples alternating between shapes do not rebuild them). The fast path's check of a sample is
+one function, ``_FastPath.take``: ``add`` calls it and ``add_from`` maps it over its source,
+taking the samples one at a time with no Python call of its own per sample. ``add_many``
+checks a list of samples with its list form, ``take_all``: one C pass per check over the
+whole list. Either way a sample that cannot be stored is refused when it is added.
 """
 
 from __future__ import annotations

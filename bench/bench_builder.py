@@ -1,11 +1,10 @@
 """Micro-benchmark of the chunk builder's fast paths and of ``decode_blocks`` (txstore alone).
 
-Times, with ``timeit`` (best of ``--repeat`` runs, in this thread's CPU time unless ``--wall``), building one
-chunk from the same pre-made samples through ``add`` (one call a sample), ``add_from`` (an
-iterator) and ``add_many`` (lists, as the writer slices them), and decoding every block of a
-chunk with ``decode_blocks`` (each frame checked, or the body checked before so no frame is,
-copies or views). Samples, small and
-large:
+Times, with ``timeit`` (the best of ``--repeat`` runs, in this thread's CPU time unless
+``--wall``), building one chunk from the same pre-made samples through ``add`` (one call a
+sample), ``add_from`` (an iterator) and ``add_many`` (lists, as the writer slices them), and
+decoding every block of a chunk with ``decode_blocks`` (each frame checked, or the body checked
+before so that no frame is; copies or views). Samples, small and large:
 
 - ``small``: ``{"id": int, "tokens": 64 B bytes}``
 - ``text``: ``{"id": int, "text": str of 40 ASCII characters, "score": float}``

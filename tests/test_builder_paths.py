@@ -15,6 +15,7 @@ import pytest
 from txstore.errors import ChecksumError, CorruptError, EncodeError, UnsupportedFormatError
 from txstore.format.builder import ChunkBuilder
 from txstore.format.chunk import (
+    MAX_BLOCK_SAMPLES,
     ChunkLayout,
     decode_blocks,
     decode_value,
@@ -291,3 +292,24 @@ def test_an_unknown_codec_fails_alike_in_blocks_and_alone() -> None:
     for prechecked in (False, True):
         in_blocks, alone = _errors(data, layout, prechecked)
         assert in_blocks == alone == "UnsupportedFormatError: test chunk: unknown codec 9"
+
+
+@pytest.mark.parametrize(
+    ("count", "blocks"),
+    [
+        (MAX_BLOCK_SAMPLES - 1, [MAX_BLOCK_SAMPLES - 1]),
+        (MAX_BLOCK_SAMPLES, [MAX_BLOCK_SAMPLES]),
+        (MAX_BLOCK_SAMPLES + 1, [MAX_BLOCK_SAMPLES, 1]),
+    ],
+)
+def test_a_source_that_ends_at_a_full_block_makes_the_same_chunk(
+    count: int, blocks: list[int]
+) -> None:
+    """Blocks cut at the most samples a block holds, and a source that ends just there."""
+    samples = [{"a": i % 3 == 0} for i in range(count)]
+    data, refused = _every_way(samples, 2**40)
+    assert refused == []
+    length = struct.unpack_from("<I", data, len(data) - 16)[0]
+    footer = parse_footer(data[len(data) - 16 - length :], "test chunk").footer
+    assert [b.num_samples for b in footer.blocks] == blocks
+    assert _read(data) == samples

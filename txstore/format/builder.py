@@ -18,7 +18,7 @@ from __future__ import annotations
 import struct
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from itertools import accumulate, repeat, zip_longest
+from itertools import accumulate, islice, repeat, zip_longest
 from operator import add as plus
 from operator import itemgetter
 from typing import Any
@@ -333,22 +333,23 @@ class ChunkBuilder:
                 continue
             # Stop where ``add`` would check or seal the block, or the chunk reaches ``limit``.
             stop_at = min(self._check_at, limit - self._size)
-            last = added + MAX_BLOCK_SAMPLES - len(rows)
-            block_bytes, append, other = self._block_bytes, rows.append, _END
+            block_bytes, append, other, had = self._block_bytes, rows.append, _END, len(rows)
             try:  # the block's size stays right if the source raises
-                for row, nbytes in map(fast.take, source):
+                for row, nbytes in map(fast.take, islice(source, MAX_BLOCK_SAMPLES - had)):
                     if row is None:  # then ``nbytes`` is the sample
                         other = nbytes
                         break
                     append(row)
                     block_bytes += nbytes
-                    added += 1
-                    if block_bytes >= stop_at or added >= last:
+                    if block_bytes >= stop_at:
                         break
                 else:
-                    return added
+                    if len(rows) < MAX_BLOCK_SAMPLES:  # the source ended
+                        added += len(rows) - had
+                        return added
             finally:
                 self._block_bytes = block_bytes
+            added += len(rows) - had
             if other is not _END:  # not on the fast path: ``add`` checks it, and may refuse it
                 added += 1
                 if self.add(other, position + added - 1) >= limit:

@@ -291,10 +291,11 @@ class ChunkBuilder:
             if not rows:
                 self._open_block(fast)
         rows.append(row)
-        self._block_bytes += nbytes
-        if self._block_bytes >= self._check_at or len(rows) >= MAX_BLOCK_SAMPLES:
-            self._added_last(position, nbytes)
-        return self._size + self._block_bytes
+        block_bytes = self._block_bytes = self._block_bytes + nbytes
+        if block_bytes >= self._check_at or len(rows) >= MAX_BLOCK_SAMPLES:
+            self._added_last(position, nbytes)  # may seal the block, or take the sample back
+            block_bytes = self._block_bytes
+        return self._size + block_bytes
 
     def add_many(self, samples: Sequence[Any], position: int, limit: int) -> int:
         """Add samples in order, as ``add`` does one at a time, until ``size`` reaches

@@ -291,7 +291,8 @@ class ChunkBuilder:
             if not rows:
                 self._open_block(fast)
         rows.append(row)
-        block_bytes = self._block_bytes = self._block_bytes + nbytes
+        block_bytes: int = self._block_bytes + nbytes
+        self._block_bytes = block_bytes
         if block_bytes >= self._check_at or len(rows) >= MAX_BLOCK_SAMPLES:
             self._added_last(position, nbytes)  # may seal the block, or take the sample back
             block_bytes = self._block_bytes

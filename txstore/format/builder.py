@@ -163,6 +163,9 @@ class _FastPath:
         """``take``: a closure, whose constants are local to it (it runs for every sample)."""
         width, row_of, types, keys = self.width, self.row_of, self.types, self.keys
         ints, sized, strs, path = self.ints, self.sized, self.strs, self
+        # The usual shapes have one int and one bytes or str: those take no loop.
+        int0 = ints[0] if len(ints) == 1 else None
+        sized0 = sized[0] if len(sized) == 1 else None
 
         def take(sample: Any, first: bool = False) -> tuple[Any, Any]:
             """The check of one sample against this path, which ``add`` calls and
@@ -180,12 +183,19 @@ class _FastPath:
                 return None, sample
             if tuple(map(type, row)) != types or (first and tuple(sample) != keys):
                 return None, sample
-            for j in ints:
-                if not INT_MIN <= row[j] <= INT_MAX:
+            if int0 is not None:
+                if not INT_MIN <= row[int0] <= INT_MAX:
                     return None, sample
-            nbytes = path.fixed
-            for j in sized:
-                nbytes += len(row[j])
+            else:
+                for j in ints:
+                    if not INT_MIN <= row[j] <= INT_MAX:
+                        return None, sample
+            if sized0 is not None:
+                nbytes = path.fixed + len(row[sized0])
+            else:
+                nbytes = path.fixed
+                for j in sized:
+                    nbytes += len(row[j])
             if strs:
                 for j in strs:
                     text = row[j]

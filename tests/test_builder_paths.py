@@ -133,7 +133,16 @@ def _shapes(n: int) -> list[dict[str, Any]]:
     return out
 
 
+def _wide(n: int) -> list[dict[str, Any]]:
+    """Several ints and several bytes and strs a sample."""
+    return [
+        {"a": i, "x": b"x" * (i % 90), "b": -(i**3), "y": "ü" * (i % 7), "z": bytes(i % 40)}
+        for i in range(n)
+    ]
+
+
 MAKERS: dict[str, Callable[[int], list[dict[str, Any]]]] = {
+    "wide": _wide,
     "plain": _plain,
     "text": _text,
     "nested": _nested,
@@ -189,6 +198,7 @@ BAD: dict[str, tuple[dict[str, Any], Any, str]] = {
     # good one's keys in order and, where it can, its types: the fast path meets it first.
     "int too large": ({"id": 1, "blob": b"x"}, {"id": 2**64, "blob": b"x"}, "'id'"),
     "int too small": ({"id": 1, "blob": b"x"}, {"id": -(2**63) - 1, "blob": b"x"}, "'id'"),
+    "second int too large": ({"id": 1, "n": 2, "s": "ü"}, {"id": 1, "n": 2**64, "s": "ü"}, "'n'"),
     "lone surrogate": ({"id": 1, "t": "é"}, {"id": 1, "t": "a\ud800"}, "'t'"),
     "surrogate in a key": ({"id": 1}, {"id": 1, "\udc80": 2}, "key"),
     "key not a str": ({"id": 1, "b": b"x"}, {"id": 1, 3: b"x"}, "key 3"),

@@ -6,10 +6,11 @@ the shape last seen (its keys in order, the exact type of each value) takes a fa
 call takes the row out of the dict and one checks its types; its ints and strs get a range and
 UTF-8 check, its arrays and containers the checked encoder. Any other sample takes the slow
 path, which checks every key and value and makes its shape the fast one (shapes are kept, so
-samples alternating between shapes do not rebuild them). ``add_many`` takes a list of samples
-of the fast path's shape with one C pass per check over the whole list; ``add_from`` takes an
-iterator's samples one at a time, in a loop without a call per sample. Either way a sample
-that cannot be stored is refused when it is added.
+samples alternating between shapes do not rebuild them). The fast path's check of a sample is
+one function, ``_FastPath.take``: ``add`` calls it and ``add_from`` maps it over its source,
+taking the samples one at a time with no Python call of its own per sample. ``add_many``
+checks a list of samples with its list form, ``take_all``: one C pass per check over the
+whole list. Either way a sample that cannot be stored is refused when it is added.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 import struct
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from itertools import accumulate, repeat, zip_longest
+from itertools import accumulate, islice, repeat, zip_longest
 from operator import add as plus
 from operator import itemgetter
 from typing import Any
@@ -133,6 +134,7 @@ class _FastPath:
         "row_of",
         "sized",
         "strs",
+        "take",
         "types",
         "width",
     )
@@ -155,6 +157,87 @@ class _FastPath:
         self.measured = tuple(
             j for j, t in enumerate(types) if t in _PLAIN_SIZES and t not in _SIZED
         )
+        self.take = self._taker()
+
+    def _taker(self) -> Callable[..., tuple[Any, Any]]:
+        """``take``: a closure, whose constants are local to it (it runs for every sample)."""
+        width, row_of, types, keys = self.width, self.row_of, self.types, self.keys
+        ints, sized, strs, path = self.ints, self.sized, self.strs, self
+        # The usual shapes have one int and one bytes or str: those take no loop.
+        int0 = ints[0] if len(ints) == 1 else None
+        sized0 = sized[0] if len(sized) == 1 else None
+
+        def take(sample: Any, first: bool = False) -> tuple[Any, Any]:
+            """The check of one sample against this path, which ``add`` calls and
+            ``add_from`` maps over its source: ``(row, size)``, the sample's values in the
+            path's order and its size in the open block (but for its arrays and containers,
+            ``encoded``, which the caller encodes), or ``(None, sample)`` for a sample the
+            slow path takes, which checks it again and names what it refuses. ``first``: the
+            sample would open a block, whose columns are in the order of its first sample's
+            keys."""
+            if type(sample) is not dict or len(sample) != width:
+                return None, sample
+            try:
+                row = row_of(sample)
+            except KeyError:  # a key this shape does not have
+                return None, sample
+            if tuple(map(type, row)) != types or (first and tuple(sample) != keys):
+                return None, sample
+            if int0 is not None:
+                if not INT_MIN <= row[int0] <= INT_MAX:
+                    return None, sample
+            else:
+                for j in ints:
+                    if not INT_MIN <= row[j] <= INT_MAX:
+                        return None, sample
+            if sized0 is not None:
+                nbytes = path.fixed + len(row[sized0])
+            else:
+                nbytes = path.fixed
+                for j in sized:
+                    nbytes += len(row[j])
+            if strs:
+                for j in strs:
+                    text = row[j]
+                    if not text.isascii():
+                        try:  # UTF-8 bytes, not characters, for the block's size
+                            nbytes += len(text.encode()) - len(text)
+                        except UnicodeEncodeError:
+                            return None, sample
+            return row, nbytes
+
+        return take
+
+    def take_all(self, samples: Sequence[Any]) -> tuple[list[tuple[Any, ...]], list[int]] | None:
+        """``take`` for a whole list, each check one C pass over it (for samples that do not
+        open a block): their rows and the running sum of their sizes beyond ``fixed``
+        (``before[k]`` for the samples before k), or None when a sample would not take this
+        path. Stricter than ``take``: no arrays or containers, and strs only ASCII (their
+        sizes are their lens)."""
+        if self.encoded or not samples:
+            return None
+        if set(map(type, samples)) != {dict} or set(map(len, samples)) != {self.width}:
+            return None
+        try:
+            rows = list(map(self.row_of, samples))
+        except KeyError:
+            return None
+        columns = list(zip(*rows, strict=True))
+        for column, kind in zip(columns, self.types, strict=True):
+            if set(map(type, column)) != {kind}:
+                return None
+        for j in self.ints:
+            if min(columns[j]) < INT_MIN or max(columns[j]) > INT_MAX:
+                return None
+        for j in self.strs:
+            if not all(map(str.isascii, columns[j])):
+                return None
+        # Sizes beyond ``fixed``: the lens of bytes and (ASCII) strs, summed per sample.
+        extra: Iterable[int] = repeat(0, len(rows))
+        for j in self.sized:
+            lens = map(len, columns[j])
+            extra = lens if j == self.sized[0] else map(plus, extra, lens)
+        return rows, list(accumulate(extra, initial=0))
 
 
 class ChunkBuilder:
@@ -204,36 +287,7 @@ class ChunkBuilder:
         """Add one sample and return ``size``; on EncodeError the builder is unchanged."""
         rows = self._rows
         fast = self._fast
-        row: Sequence[Any] | None = None
-        nbytes = 0
-        if fast is not None and type(sample) is dict and len(sample) == fast.width:
-            try:
-                row = fast.row_of(sample)
-            except KeyError:  # a key this shape does not have
-                row = None
-            if row is not None and (
-                tuple(map(type, row)) != fast.types
-                or (not rows and tuple(sample) != fast.keys)  # a block's first sample sets
-            ):  # the order of its columns
-                row = None
-        if row is not None:  # the slow path's checks of plain values, and their sizes
-            assert fast is not None
-            nbytes = fast.fixed
-            for j in fast.sized:
-                nbytes += len(row[j])
-            for j in fast.ints:
-                if not INT_MIN <= row[j] <= INT_MAX:
-                    row = None  # refused by the slow path, which names it
-                    break
-            else:
-                for j in fast.strs:
-                    text = row[j]
-                    if not text.isascii():
-                        try:  # UTF-8 bytes, not characters, for the block's size
-                            nbytes += len(text.encode()) - len(text)
-                        except UnicodeEncodeError:  # refused by the slow path, which names it
-                            row = None
-                            break
+        row, nbytes = fast.take(sample, not rows) if fast is not None else (None, sample)
         if row is None:
             row, nbytes = self._checked_row(sample, position)
         else:
@@ -245,16 +299,14 @@ class ChunkBuilder:
                     row[j] = _Encoded(data)
                     nbytes += len(data)
             if not rows:
-                self._keys = list(fast.keys)
-                self._key_index = dict(fast.index)
+                self._open_block(fast)
         rows.append(row)
-        self._block_bytes += nbytes
-        if self._block_bytes >= self._check_at or len(rows) >= MAX_BLOCK_SAMPLES:
-            if self._block_bytes >= _CHECK_BLOCK_AT:
-                self._refuse_unaddressable(position, nbytes)
-            if self._block_bytes >= self._block_limit or len(rows) >= MAX_BLOCK_SAMPLES:
-                self._seal_block()
-        return self._size + self._block_bytes
+        block_bytes: int = self._block_bytes + nbytes
+        self._block_bytes = block_bytes
+        if block_bytes >= self._check_at or len(rows) >= MAX_BLOCK_SAMPLES:
+            self._added_last(position, nbytes)  # may seal the block, or take the sample back
+            block_bytes = self._block_bytes
+        return self._size + block_bytes
 
     def add_many(self, samples: Sequence[Any], position: int, limit: int) -> int:
         """Add samples in order, as ``add`` does one at a time, until ``size`` reaches
@@ -277,12 +329,13 @@ class ChunkBuilder:
     def add_from(self, source: Iterator[Any], position: int, limit: int) -> int:
         """Add samples taken from ``source`` one at a time, each added (or refused) before the
         next is taken, as ``add`` does, until ``size`` reaches ``limit`` or the source ends;
-        return how many were added. Samples of the fast path's shape whose values are bytes,
-        ints, floats, bools or None run in a loop of local variables: no call per sample."""
+        return how many were added. Samples of the fast path's shape with no arrays or
+        containers run in a loop of local variables, the path's check mapped over the source:
+        no call per sample from Python."""
         added = 0
         while True:
             fast, rows = self._fast, self._rows
-            if fast is None or fast.encoded or fast.strs or not rows:
+            if fast is None or fast.encoded or not rows:
                 sample = next(source, _END)
                 if sample is _END:
                     return added
@@ -290,59 +343,31 @@ class ChunkBuilder:
                 if self.add(sample, position + added - 1) >= limit:
                     return added
                 continue
-            width, types, row_of, sized, ints = (
-                fast.width,
-                fast.types,
-                fast.row_of,
-                fast.sized,
-                fast.ints,
-            )
-            fixed, block_limit, sealed = fast.fixed, self._check_at, self._size
-            block_bytes, append, other = self._block_bytes, rows.append, None
+            # Stop where ``add`` would check or seal the block, or the chunk reaches ``limit``.
+            stop_at = min(self._check_at, limit - self._size)
+            block_bytes, append, other, had = self._block_bytes, rows.append, _END, len(rows)
             try:  # the block's size stays right if the source raises
-                for sample in source:
-                    try:
-                        row = (
-                            row_of(sample)
-                            if type(sample) is dict and len(sample) == width
-                            else None
-                        )
-                    except KeyError:  # a key this shape does not have
-                        row = None
-                    if row is None or tuple(map(type, row)) != types:
-                        other = sample
+                for row, nbytes in map(fast.take, islice(source, MAX_BLOCK_SAMPLES - had)):
+                    if row is None:  # then ``nbytes`` is the sample
+                        other = nbytes
                         break
-                    for j in ints:
-                        if not INT_MIN <= row[j] <= INT_MAX:
-                            other = sample
-                            break
-                    if other is not None:
-                        break
-                    nbytes = fixed
-                    for j in sized:
-                        nbytes += len(row[j])
                     append(row)
                     block_bytes += nbytes
-                    added += 1
-                    if (
-                        block_bytes >= block_limit
-                        or len(rows) >= MAX_BLOCK_SAMPLES
-                        or sealed + block_bytes >= limit
-                    ):
+                    if block_bytes >= stop_at:
                         break
                 else:
-                    return added
+                    if len(rows) < MAX_BLOCK_SAMPLES:  # the source ended
+                        added += len(rows) - had
+                        return added
             finally:
                 self._block_bytes = block_bytes
-            if other is not None:  # not on the fast path: ``add`` checks it, and may refuse it
+            added += len(rows) - had
+            if other is not _END:  # not on the fast path: ``add`` checks it, and may refuse it
                 added += 1
                 if self.add(other, position + added - 1) >= limit:
                     return added
                 continue
-            if block_bytes >= _CHECK_BLOCK_AT:  # the last sample taken made it so
-                self._refuse_unaddressable(position + added - 1, nbytes)
-            if block_bytes >= self._block_limit or len(rows) >= MAX_BLOCK_SAMPLES:
-                self._seal_block()
+            self._added_last(position + added - 1, nbytes)
             if self.size >= limit:
                 return added
 
@@ -353,37 +378,17 @@ class ChunkBuilder:
         before a block whose first sample has its keys in another order (``add`` then starts
         that block)."""
         fast = self._fast
-        if fast is None or fast.encoded or not samples:
+        taken = fast.take_all(samples) if fast is not None else None
+        if taken is None:
             return 0
-        if set(map(type, samples)) != {dict} or set(map(len, samples)) != {fast.width}:
-            return 0
-        try:
-            rows = list(map(fast.row_of, samples))
-        except KeyError:
-            return 0
-        columns = list(zip(*rows, strict=True))
-        for column, kind in zip(columns, fast.types, strict=True):
-            if set(map(type, column)) != {kind}:
-                return 0
-        for j in fast.ints:
-            if min(columns[j]) < INT_MIN or max(columns[j]) > INT_MAX:
-                return 0
-        for j in fast.strs:
-            if not all(map(str.isascii, columns[j])):
-                return 0
-        # Sizes beyond ``fixed``: the lens of bytes and (ASCII) strs, summed per sample.
-        extra: Iterable[int] = repeat(0, len(rows))
-        for j in fast.sized:
-            lens = map(len, columns[j])
-            extra = lens if j == fast.sized[0] else map(plus, extra, lens)
-        before = list(accumulate(extra, initial=0))
+        assert fast is not None
+        rows, before = taken
         start = 0
         while start < len(rows):
             if not self._rows:  # a block's first sample sets the order of its columns
                 if tuple(samples[start]) != fast.keys:
                     return start
-                self._keys = list(fast.keys)
-                self._key_index = dict(fast.index)
+                self._open_block(fast)
             # Taking the samples before k fills the block (``add`` would seal it there) or the
             # chunk once before[k] + k * fixed reaches ``need``. Large samples often do alone.
             fixed = fast.fixed
@@ -399,16 +404,25 @@ class ChunkBuilder:
                 stop = min(end, stop + bisect_left(range(stop, end + 1), need, key=weighed))
             self._rows.extend(rows[start:stop])
             self._block_bytes += before[stop] - before[start] + (stop - start) * fixed
-            if self._block_bytes >= _CHECK_BLOCK_AT:  # only the last sample can make it so
-                self._refuse_unaddressable(
-                    position + stop - 1, before[stop] - before[stop - 1] + fixed
-                )
-            if self._block_bytes >= self._block_limit or len(self._rows) >= MAX_BLOCK_SAMPLES:
-                self._seal_block()
+            self._added_last(position + stop - 1, before[stop] - before[stop - 1] + fixed)
             start = stop
             if self.size >= limit:
                 break
         return start
+
+    def _open_block(self, fast: _FastPath) -> None:
+        """The open block's first sample took ``fast``: its columns are the path's keys."""
+        self._keys = list(fast.keys)
+        self._key_index = dict(fast.index)
+
+    def _added_last(self, position: int, nbytes: int) -> None:
+        """After the block's last sample (at ``position``, ``nbytes`` of the estimate) was
+        added: refuse it if the block grew past what the format can address (only the last
+        sample can have made it so), and seal the block if it is full."""
+        if self._block_bytes >= _CHECK_BLOCK_AT:
+            self._refuse_unaddressable(position, nbytes)
+        if self._block_bytes >= self._block_limit or len(self._rows) >= MAX_BLOCK_SAMPLES:
+            self._seal_block()
 
     def _checked_row(self, sample: Any, position: int) -> tuple[list[Any], int]:
         """The slow path: check every key and value, and make the block's fast path match

@@ -141,19 +141,21 @@ def _decompressor() -> zstandard.ZstdDecompressor:
 
 
 def open_frame(
-    stored: bytes | memoryview,
+    stored: memoryview,
     codec: int,
     raw_length: int,
     checksum: int,
-    check: Callable[[bytes | memoryview], int],
+    check: Callable[[bytes | memoryview], int] | None,
     where: str,
-) -> bytes | memoryview:
-    """Verify a stored frame's checksum with ``check`` and return its raw bytes."""
-    if check(stored) != checksum:
+) -> memoryview:
+    """Verify a stored frame's checksum with ``check`` (None: the caller checked the bytes it
+    lies in) and return its raw bytes: ``stored`` itself, or a view of its decompressed
+    bytes."""
+    if check is not None and check(stored) != checksum:
         raise ChecksumError(f"checksum mismatch in {where}")
     if codec == CODEC_RAW:
         return stored
-    return decompress_frame(stored, codec, raw_length, where)
+    return memoryview(decompress_frame(stored, codec, raw_length, where))
 
 
 def decompress_frame(stored: bytes | memoryview, codec: int, raw_length: int, where: str) -> bytes:

@@ -118,6 +118,9 @@ class GcsStorage(Storage):
             "POST",
             url,
             uploadType="multipart",
+            # The name in the query too (it must equal the metadata's): a request names its
+            # object in its URL, for logs and proxies.
+            name=self._name(key),
             ifGenerationMatch=generation,
             headers={"Content-Type": f'multipart/related; boundary="{boundary}"'},
             data=body,

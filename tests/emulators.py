@@ -159,7 +159,7 @@ def azurite_server() -> Iterator[AzuriteServer]:
     if not os.access(AZURITE, os.X_OK):
         pytest.fail(
             f"Azurite is not installed at {AZURITE}: run `bash tests/azurite/setup.sh` "
-            "(tox runs it before the tests)",
+            "(tox runs it before the tests; it needs npm, and says why it could not)",
             pytrace=False,
         )
     port = _free_port()

@@ -138,11 +138,10 @@ class AzureStorage(Storage):
 
     def compare_and_swap(self, key: str, data: bytes, token: str | None) -> None:
         # Not ``etag="*"`` with ``IfMissing``: the SDK refuses that pair; overwrite=False is it.
-        condition: dict[str, Any] = (
-            {"overwrite": False}
-            if token is None
-            else {"overwrite": True, "etag": token, "match_condition": MatchConditions.IfNotModified}
-        )
+        condition: dict[str, Any] = {"overwrite": False}
+        if token is not None:
+            condition = {"overwrite": True, "etag": token}
+            condition["match_condition"] = MatchConditions.IfNotModified
         try:
             self._upload(key, data, **condition)
         except Exception as e:

@@ -179,8 +179,8 @@ class GcsStorage(Storage):
                     json_out=True,
                 )
                 for item in page.get("items", []):
-                    key = item["name"][len(self._prefix) :]
-                    found.append(FileInfo(key, int(item.get("size", 0)), _mtime(item.get("updated"))))
+                    key, size = item["name"][len(self._prefix) :], int(item.get("size", 0))
+                    found.append(FileInfo(key, size, _mtime(item.get("updated"))))
                 token = page.get("nextPageToken")
                 if not token:
                     break

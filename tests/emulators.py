@@ -5,6 +5,7 @@
   which is what ``txstore.storage.gcs`` sends.
 - ``azurite_server``: Azurite's blob service, an npm package that ``tests/azurite/setup.sh``
   installs into ``.tox/azurite`` (tox runs it before the tests; the tests install nothing).
+- ``objstore``: a fresh bucket or container on each of them, as a ``Backend``.
 
 Registered by ``pytest_plugins`` in conftest.py.
 """
@@ -28,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from .conftest import Backend
 
 REPO = Path(__file__).resolve().parent.parent
 AZURITE = REPO / ".tox" / "azurite" / "node_modules" / ".bin" / "azurite-blob"
@@ -181,6 +184,16 @@ def azurite_server() -> Iterator[AzuriteServer]:
         yield AzuriteServer(f"http://127.0.0.1:{port}/{AZURITE_ACCOUNT}")
     finally:
         _stop(proc)
+
+
+@pytest.fixture(params=["gcs", "azure"])
+def objstore(request: pytest.FixtureRequest) -> Backend:
+    """A fresh bucket (GCS) or container (Azure) on its emulator, as a test's backend."""
+    if request.param == "gcs":
+        gcs: GcsServer = request.getfixturevalue("gcs_server")
+        return Backend("gcs", f"gs://{gcs.new_bucket()}/store", gcs.options)
+    azure: AzuriteServer = request.getfixturevalue("azurite_server")
+    return Backend("azure", f"az://{azure.new_container()}/store", azure.options)
 
 
 # -- a server that refuses everything ------------------------------------------------------

@@ -94,16 +94,14 @@ def is_commit(request: Request) -> bool:
     return request.method in ("PUT", "POST") and "/versions/index.v" in unquote(request.path)
 
 
-# A second lost reply (a lost replay on GCS) with a txn id only: test_network.py has the rest.
-@pytest.mark.parametrize(("lost", "txn"), [(1, True), (1, False), (2, True)])
-def test_lost_replies_to_the_commit(
-    remote: Remote, remote_proxy: Proxy, lost: int, txn: bool
-) -> None:
-    """The server commits the manifest; its reply, and the one to a replay, never arrive."""
+# One lost reply: the replay (GCS) or the read-back (Azure) meets our own manifest. Losing
+# the replays too costs gcsfs's backoff each time; test_network.py does that on S3.
+@pytest.mark.parametrize("txn", [True, False])
+def test_lost_reply_to_the_commit(remote: Remote, remote_proxy: Proxy, txn: bool) -> None:
+    """The server commits the manifest; its reply never arrives."""
     case = RemoteCase(remote, remote_proxy)
-    reported = case.append("t", Rule(is_commit, "drop", times=lost), txn=txn)
-    if lost == 1:
-        assert reported == 2  # a replay or the read-back met our own manifest: ours
+    reported = case.append("t", Rule(is_commit, "drop"), txn=txn)
+    assert reported == 2  # a replay or the read-back met our own manifest: ours
     assert case.check("t", reported, retry=txn) == []
 
 

@@ -1,38 +1,26 @@
 """Processes racing in lockstep on GCS (fake-gcs-server) and Azure Blob (Azurite).
 
 The same races as test_txn_race.py, through its helpers, with fewer rounds: one round already
-has every process go for the same version, and the S3 servers keep the long runs.
+has every process go for the same version, and the S3 servers keep the long runs. The
+``objstore`` fixture (tests/emulators.py) is a fresh bucket or container on each emulator.
 """
 
 from __future__ import annotations
 
-import pytest
-
 from txstore.storage import open_storage
 
 from .conftest import Backend
-from .emulators import AzuriteServer, GcsServer
 from .test_txn_race import lockstep_appends, racing
 from .test_txn_race import test_same_txn_id_from_several_processes_lands_once as same_txn_race
 
 
-@pytest.fixture(params=["gcs", "azure"])
-def objstore(request: pytest.FixtureRequest) -> Backend:
-    """A fresh bucket (GCS) or container (Azure) on its emulator."""
-    if request.param == "gcs":
-        gcs: GcsServer = request.getfixturevalue("gcs_server")
-        return Backend("gcs", f"gs://{gcs.new_bucket()}/store", gcs.options)
-    azure: AzuriteServer = request.getfixturevalue("azurite_server")
-    return Backend("azure", f"az://{azure.new_container()}/store", azure.options)
-
-
 def test_same_txn_id_from_several_processes_lands_once(objstore: Backend) -> None:
-    same_txn_race(objstore)
+    same_txn_race(objstore, rounds=4)
 
 
 def test_racing_put_if_absent_has_one_winner_across_processes(objstore: Backend) -> None:
     storage = open_storage(objstore.uri, objstore.storage_options)
-    racers_n, rounds = 4, 12
+    racers_n, rounds = 4, 8
     with racing(objstore, racers_n) as racers:
         for r in range(rounds):
             key = f"versions/index.v{r}.json"
@@ -45,7 +33,7 @@ def test_racing_put_if_absent_has_one_winner_across_processes(objstore: Backend)
 
 
 def test_lockstep_racing_appends_land_exactly_once(objstore: Backend) -> None:
-    writers, rounds = 4, 6
+    writers, rounds = 4, 5
     history, acks, found = lockstep_appends(objstore, writers, rounds)
     assert found == []
     assert history.latest == writers * rounds

@@ -237,7 +237,7 @@ def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
         try:  # the URI and options are the user's: anything wrong with them is bad usage
-            storage = open_storage(args.uri, _options(args.storage_option))
+            storage = open_storage(args.uri, _options(args.storage_option, args.uri))
         except ValueError as e:
             raise _UsageError(str(e)) from None
         with open_store(storage) as store:

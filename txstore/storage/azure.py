@@ -51,8 +51,14 @@ class AzureStorage(Storage):
         self.uri = uri.rstrip("/")
         self.storage_options = dict(storage_options or {})
         options = dict(self.storage_options)
-        self._per_request = {k: options.pop(k) for k in _RETRY_OPTIONS if k in options}
-        self._per_request.update({k: options[k] for k in _TIMEOUT_OPTIONS if k in options})
+        # Numbers may come as text (``txstore --storage-option retry_total=0``).
+        self._per_request: dict[str, Any] = {
+            k: int(options.pop(k)) for k in _RETRY_OPTIONS if k in options
+        }
+        for k in _TIMEOUT_OPTIONS:  # the server's timeout is whole seconds, the client's not
+            if k in options:
+                number = int(options[k]) if k == "timeout" else float(options[k])
+                options[k] = self._per_request[k] = number
         # Fresh answers matter more than saved round trips: no instance or listings cache.
         self._fs = adlfs.AzureBlobFileSystem(
             skip_instance_cache=True, use_listings_cache=False, **options

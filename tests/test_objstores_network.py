@@ -1,8 +1,9 @@
 """Lost and delayed replies between the GCS / Azure clients and their emulators, through the
 loopback proxy of proxy.py: the cases of test_network.py, through its helpers.
 
-gcsfs retries a lost or late reply itself (six attempts, backing off from a second), and so
-replays the commit as aiohttp does on S3. The Azure SDK's first retry waits about 15 s, so its
+gcsfs retries after a lost reply itself (six attempts, backing off from a second), and so
+replays the commit as aiohttp does on S3; a reply later than its ``requests_timeout`` it does
+not retry. The Azure SDK's first retry waits about 15 s, so its
 clients here have none (``retry_total=0``): each lost reply is an unknown outcome that the
 writer settles by reading back, at once. Losing one reply of every request of an append runs
 on Azure alone (on GCS each lost reply costs gcsfs's backoff), and so does delivering a commit
@@ -12,7 +13,7 @@ the object's).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
@@ -34,7 +35,7 @@ class Remote:
 
     backend: Backend
     upstream: tuple[str, int]
-    through: Any  # endpoint -> storage options that reach the store at that endpoint
+    through: Callable[[str], dict[str, Any]]  # the options that reach it at an endpoint
 
 
 @pytest.fixture(params=["gcs", "azure"])

@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+pytest_plugins = ["tests.emulators"]
+
 
 def _free_port() -> int:
     with socket.socket() as s:

@@ -16,7 +16,7 @@ from txstore.format import manifest as fmt
 from txstore.storage import MemoryStorage, Storage, open_storage
 
 from .broken import BlindPut
-from .conftest import S3Server
+from .conftest import Backend, S3Server
 from .faults import FaultyStorage
 from .proxy import Proxy
 
@@ -170,3 +170,16 @@ def test_vacuum_deletes_a_probe_left_behind_never_the_record(tmp_path: Path) -> 
     assert [f.key for f in report.files] == [fmt.probe_key(left.name.removeprefix("probe."))]
     assert not left.exists() and not_a_probe.exists()
     assert (tmp_path / "s" / fmt.STORAGE_CHECK_KEY).exists()
+
+
+def test_gcs_and_azure_pass_the_check_and_record_their_endpoints(objstore: Backend) -> None:
+    """The emulators keep both conditions on the calls the backends make; the endpoint on
+    record is the server the client talks to, so a blind wrapper over it is still caught."""
+    store = txstore.create(objstore.uri, **objstore.kwargs())
+    raw = open_storage(objstore.uri, objstore.storage_options)
+    (entry,) = _record(raw).endpoints
+    assert entry.endpoint == raw.endpoint and "127.0.0.1" in entry.endpoint
+    assert store.append([{"i": 1}]).version == 1
+    fresh = f"{objstore.uri}-other"
+    with pytest.raises(UnsafeStorageError, match="put_if_absent"):
+        txstore.create(BlindPut(open_storage(fresh, objstore.storage_options)))

@@ -96,9 +96,10 @@ def race_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
     return Backend(request.param, f"s3://{server.new_bucket()}/store", server.options)
 
 
-def test_same_txn_id_from_several_processes_lands_once(race_backend: Backend) -> None:
+def test_same_txn_id_from_several_processes_lands_once(
+    race_backend: Backend, rounds: int = 8
+) -> None:
     """Each round, three processes append under one txn_id while a fourth appends plainly."""
-    rounds = 8
     store = txstore.create(race_backend.uri, **race_backend.kwargs())
     acks: list[Ack] = []
     with racing(race_backend, 4) as racers:

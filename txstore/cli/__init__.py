@@ -66,13 +66,17 @@ def _version() -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="txstore",
-        description="Inspect and operate txstore datasets (local paths, s3://, memory://).",
+        description="Inspect and operate txstore datasets (local paths, s3://, gs://, az://, memory://).",
         epilog=EXAMPLES + EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("uri", metavar="URI", help="the store: a path or s3://bucket/prefix")
+    common.add_argument(
+        "uri",
+        metavar="URI",
+        help="the store: a path, s3://bucket/prefix, gs://bucket/prefix or az://container/prefix",
+    )
     common.add_argument(
         "--storage-option",
         action="append",
@@ -233,7 +237,7 @@ def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
         try:  # the URI and options are the user's: anything wrong with them is bad usage
-            storage = open_storage(args.uri, _options(args.storage_option))
+            storage = open_storage(args.uri, _options(args.storage_option, args.uri))
         except ValueError as e:
             raise _UsageError(str(e)) from None
         with open_store(storage) as store:

@@ -77,13 +77,16 @@ def _at_least_one(text: str) -> int:
     return value
 
 
-def _options(pairs: list[str]) -> dict[str, Any] | None:
+def _options(pairs: list[str], uri: str = "s3://") -> dict[str, Any] | None:
     options: dict[str, Any] = {}
+    s3 = uri.startswith("s3://")
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep:
             raise _UsageError(f"--storage-option takes key=value, got {pair!r}")
-        if key == "endpoint_url":  # s3fs wants the endpoint inside client_kwargs
+        if not s3:  # gcsfs and adlfs take every option, endpoint_url too, as it is
+            options[key] = value
+        elif key == "endpoint_url":  # s3fs wants the endpoint inside client_kwargs
             options.setdefault("client_kwargs", {})["endpoint_url"] = value
         elif key == "region_name":
             options.setdefault("client_kwargs", {})["region_name"] = value

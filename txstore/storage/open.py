@@ -13,7 +13,11 @@ from .memory import MemoryStorage
 def open_storage(
     uri: str | os.PathLike[str] | Storage, storage_options: dict[str, Any] | None = None
 ) -> Storage:
-    """The backend for a URI: ``s3://bucket/prefix``, ``memory://name``, or a local path."""
+    """The backend for a URI: ``s3://bucket/prefix``, ``gs://bucket/prefix``,
+    ``az://container/prefix`` (or ``abfs://``), ``memory://name``, or a local path.
+
+    ``storage_options`` go to the remote backend's fsspec filesystem (s3fs, gcsfs, adlfs).
+    """
     if isinstance(uri, Storage):
         return uri
     text = os.fspath(uri)
@@ -21,6 +25,14 @@ def open_storage(
         from .s3 import S3Storage  # s3fs is imported only for S3 stores
 
         return S3Storage(text, storage_options)
+    if text.startswith(("gs://", "gcs://")):
+        from .gcs import GcsStorage  # gcsfs is imported only for GCS stores
+
+        return GcsStorage(text, storage_options)
+    if text.startswith(("az://", "abfs://", "abfss://")):
+        from .azure import AzureStorage  # adlfs and the Azure SDK only for Azure stores
+
+        return AzureStorage(text, storage_options)
     if storage_options:
         raise ValueError(f"storage_options only apply to remote stores, not {text!r}")
     if text.startswith("memory://"):
@@ -28,7 +40,9 @@ def open_storage(
     if text.startswith("file://"):
         text = text.removeprefix("file://")
     elif "://" in text:
-        raise ValueError(f"unsupported store URI {text!r}: use a path, s3:// or memory://")
+        raise ValueError(
+            f"unsupported store URI {text!r}: use a path, s3://, gs://, az://, abfs:// or memory://"
+        )
     return LocalStorage(text)
 
 

@@ -7,10 +7,8 @@ has every process go for the same version, and the S3 servers keep the long runs
 
 from __future__ import annotations
 
-from txstore.storage import open_storage
-
 from .conftest import Backend
-from .test_txn_race import lockstep_appends, racing
+from .test_txn_race import lockstep_appends, put_race
 from .test_txn_race import test_same_txn_id_from_several_processes_lands_once as same_txn_race
 
 
@@ -19,17 +17,7 @@ def test_same_txn_id_from_several_processes_lands_once(objstore: Backend) -> Non
 
 
 def test_racing_put_if_absent_has_one_winner_across_processes(objstore: Backend) -> None:
-    storage = open_storage(objstore.uri, objstore.storage_options)
-    racers_n, rounds = 4, 8
-    with racing(objstore, racers_n) as racers:
-        for r in range(rounds):
-            key = f"versions/index.v{r}.json"
-            answers = racers.round(
-                [{"op": "put", "key": key, "data": f"writer {w}"} for w in range(racers_n)]
-            )
-            winners = [w for w, a in enumerate(answers) if a["won"]]
-            assert len(winners) == 1, f"round {r}: winners {winners}"
-            assert storage.read(key) == f"writer {winners[0]}".encode()
+    put_race(objstore, rounds=8)
 
 
 def test_lockstep_racing_appends_land_exactly_once(objstore: Backend) -> None:

@@ -118,10 +118,9 @@ def test_same_txn_id_from_several_processes_lands_once(
     assert Counter(t for t in history.tags if t) == {a.tag: 1 for a in acks}
 
 
-def test_racing_put_if_absent_has_one_winner_across_processes(race_server: S3Server) -> None:
-    backend = Backend("s3", f"s3://{race_server.new_bucket()}/raw", race_server.options)
+def put_race(backend: Backend, rounds: int, racers_n: int = 4) -> None:
+    """Rounds of ``racers_n`` processes creating one key at once: one winner, its bytes kept."""
     storage = open_storage(backend.uri, backend.storage_options)
-    racers_n, rounds = 4, 30
     with racing(backend, racers_n) as racers:
         for r in range(rounds):
             key = f"versions/index.v{r}.json"
@@ -131,6 +130,10 @@ def test_racing_put_if_absent_has_one_winner_across_processes(race_server: S3Ser
             winners = [w for w, a in enumerate(answers) if a["won"]]
             assert len(winners) == 1, f"round {r}: winners {winners}"
             assert storage.read(key) == f"writer {winners[0]}".encode()
+
+
+def test_racing_put_if_absent_has_one_winner_across_processes(race_server: S3Server) -> None:
+    put_race(Backend("s3", f"s3://{race_server.new_bucket()}/raw", race_server.options), 30)
 
 
 def lockstep_appends(

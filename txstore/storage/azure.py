@@ -110,9 +110,7 @@ class AzureStorage(Storage):
 
     def read_range(self, key: str, start: int, end: int) -> bytes:
         if end <= start:
-            if not self.exists(key):
-                raise NotFoundError(f"{self.uri}/{key} does not exist")
-            return b""
+            return self._empty_range(key)
         try:
             return self._download(key, start, end - start)[0]
         except Exception as e:

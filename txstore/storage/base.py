@@ -8,6 +8,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple, TypeAlias
 
+from ..errors import NotFoundError
+
 #: What ``Storage.write`` takes: bytes, or buffers to store back to back, iterated once (a
 #: chunk writer hands over its parts as it makes them, so a local write copies each once).
 Data: TypeAlias = bytes | Iterable[bytes | memoryview]
@@ -77,6 +79,13 @@ class Storage(ABC):
         """Whether reading the object now is answered from memory, with no wait on a disk or
         the network (a hint: False where a backend cannot tell cheaply)."""
         return False
+
+    def _empty_range(self, key: str) -> bytes:
+        """A read of no bytes, for backends whose servers refuse an empty range: ``b""``, or
+        ``NotFoundError`` as any read of a missing key."""
+        if not self.exists(key):
+            raise NotFoundError(f"{self.uri}/{key} does not exist")
+        return b""
 
     @abstractmethod
     def read_range(self, key: str, start: int, end: int) -> bytes:

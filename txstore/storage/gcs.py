@@ -88,9 +88,7 @@ class GcsStorage(Storage):
 
     def read_range(self, key: str, start: int, end: int) -> bytes:
         if end <= start:
-            if not self.exists(key):
-                raise NotFoundError(f"{self.uri}/{key} does not exist")
-            return b""
+            return self._empty_range(key)
         try:
             return self._get(key, start, end)[1]
         except Exception as e:

@@ -108,6 +108,7 @@ def test_operations_from_the_shell(tmp_path: Any) -> None:
 
     log = as_json("log", uri, *opts)
     assert [c["version"] for c in log] == [5, 4, 3, 2, 1, 0]
+    assert {c["attempts"] for c in log} == {None}  # the history does not record them
     assert ok("tag", uri, "paper", "2", "-m", "the numbers", *opts).startswith("tagged version 2")
     assert run("tag", uri, "paper", "3", *opts).returncode == 1  # exists: --force to move
     assert as_json("tags", uri, *opts)[0]["version"] == 2
@@ -119,6 +120,7 @@ def test_operations_from_the_shell(tmp_path: Any) -> None:
     assert reopen(backend).version == 5
     rolled = as_json("rollback", uri, "3", "--yes", "-m", "drop 4-5", *opts)
     assert (rolled["version"], rolled["operation"], rolled["total_samples"]) == (6, "rollback", 30)
+    assert rolled["attempts"] == 1  # no writer raced it
     diff = as_json("diff", uri, "5", "6", *opts)
     assert [(r["start"], r["stop"]) for r in diff["removed"]] == [(30, 40), (40, 50)]
     assert diff["num_added"] == 0 and diff["common"] == 3

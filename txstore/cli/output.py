@@ -137,6 +137,8 @@ def _commit_json(c: Commit) -> dict[str, Any]:
         "message": c.message,
         "txn_id": c.txn_id,
         "commit_id": c.commit_id,
+        # tries this process's commit took; null for a commit read back from the history
+        "attempts": c.attempts,
     }
 
 

@@ -3,9 +3,9 @@
     python bench/report.py bench/results/*.json [--out docs/benchmarks.md] [--img docs/img]
 
 Each input is the ``--json`` output of one script (bench_append.py, its --commit-latency part,
-bench_optimize.py, bench_read.py, bench_fields.py); the script that wrote it is in its
-``script`` field. A section appears for every kind of report given; the plots need matplotlib
-(in the bench venv, never a txstore dependency).
+bench_optimize.py, bench_read.py, bench_fields.py, bench_remote.py); the script that wrote it
+is in its ``script`` field. A section appears for every kind of report given; the plots need
+matplotlib (in the bench venv, never a txstore dependency).
 """
 
 # ruff: noqa: RUF001, RUF002  (the report writes the multiplication sign on purpose)
@@ -694,6 +694,195 @@ def fields_section(report: Report) -> str:
     return "\n".join(parts)
 
 
+# --------------------------------------------------------------------------- remote
+
+
+REMOTE_NAMES = {"txstore": "txstore", "litdata": "LitData", "mds": "MosaicML"}
+REMOTE_TASKS = {
+    "open": "open (len)",
+    "cold": "cold epoch, 1 process",
+    "dl": "cold epoch, 2-worker DataLoader",
+    "warm": "warm epoch (cache filled)",
+    "shuffle": "shuffled cold epoch",
+    "quarter": "cold epoch, cache = ¼ dataset",
+    "append": "epoch after a 10% append",
+    "ra": "`ds[i]`, cold",
+}
+
+
+def _remote(report: Report) -> dict[tuple[str, float, str, str, str], Row]:
+    return {
+        (r["kind"], r["latency_ms"], r["workload"], r["task"], r["system"]): r["median"]
+        for r in report["results"]
+    }
+
+
+def _best_peer(
+    results: dict[tuple[str, float, str, str, str], Row],
+    key: tuple[str, float, str, str],
+    value: str,
+    higher: bool,
+) -> float | None:
+    peers = [results.get((*key, s), {}).get(value) for s in ("litdata", "mds")]
+    found = [p for p in peers if isinstance(p, int | float) and p]
+    if not found:
+        return None
+    return max(found) if higher else min(found)
+
+
+def _remote_cell(task: str, r: Row | None) -> str:
+    if r is None:
+        return "-"
+    if "error" in r:
+        return "error"
+    if task == "open":
+        return f"{r['seconds']:.2f} s, {r['requests']} req ({r['round_trips']} seq.)"
+    if task == "ra":
+        return (
+            f"p50 {r['p50_ms']:.1f} / p99 {r['p99_ms']:.0f} ms, {r['requests_per_access']:.2f} req"
+        )
+    first = r.get("first_s")
+    return (
+        f"{r['samples_per_s']:,.0f}/s, first {fmt(first, '.2f')} s, "
+        f"{r['bytes_x_dataset']:.2f}× data, {r['requests']} req, {r['peak_connections']} conn"
+    )
+
+
+def remote_section(report: Report, plots: Plots) -> str:
+    st = report["settings"]
+    results = _remote(report)
+    workloads = {w["name"]: w for w in report["workloads"]}
+    described = "; ".join(
+        f"{name}: {w['num_samples']:,} × {w['payload_size'] // 1024} KiB"
+        for name, w in workloads.items()
+    )
+    total = f", all connections together {st['total_mbps']:g} MB/s" if st["total_mbps"] else ""
+    parts = [
+        "## Streaming from an object store\n",
+        f"`bench_remote.py`: a local S3 server (moto) behind a shaping proxy that adds "
+        f"{st['latency_ms']:g} ms to the first byte of every answer and caps each connection at "
+        f"{st['conn_mbps']:g} MB/s{total}, counting requests and bytes. Each system wrote "
+        f"{described} to its own prefix (its default 64 MiB chunks); every measurement is a "
+        f"fresh process with an empty cache (warm: a cache a previous process filled), median "
+        f"of {st['repeat']}. `× data`: bytes the proxy passed ÷ the dataset's bytes. "
+        "`conn`: most connections open at once. Ratios are txstore ÷ the faster peer.\n",
+    ]
+    base = st["latency_ms"]
+    for wl in workloads:
+        rows = []
+        for task, title in REMOTE_TASKS.items():
+            cells = [
+                _remote_cell(task, results.get(("s3", base, wl, task, s))) for s in REMOTE_NAMES
+            ]
+            if all(c == "-" for c in cells):
+                continue
+            rows.append([title, *cells])
+        if rows:
+            parts.append(f"### {wl}, S3, {base:g} ms\n")
+            parts.append(table(["measurement", *REMOTE_NAMES.values()], rows) + "\n")
+    latencies = sorted({k[1] for k in results if k[0] == "s3"})
+    if len(latencies) > 1:
+        rows = []
+        for wl in workloads:
+            for task in ("cold", "dl"):
+                for ms in latencies:
+                    ours = results.get(("s3", ms, wl, task, "txstore"), {}).get("samples_per_s")
+                    best = _best_peer(results, ("s3", ms, wl, task), "samples_per_s", True)
+                    rows.append([wl, REMOTE_TASKS[task], f"{ms:g} ms", fmt(ours, ",.0f"),
+                                 fmt(best, ",.0f"), x(faster(ours, best, True))])  # fmt: skip
+        parts.append("### Samples/s against latency\n")
+        parts.append(
+            table(["wl", "measurement", "latency", "txstore", "faster peer", "ratio"], rows) + "\n"
+        )
+
+        def draw(plt: Any) -> Any:
+            fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), squeeze=False)
+            for ax, wl in zip(axes.flat, workloads, strict=False):
+                for system, name in REMOTE_NAMES.items():
+                    for task, style in (("cold", "-"), ("dl", "--")):
+                        ys = [results.get(("s3", ms, wl, task, system), {}).get("samples_per_s")
+                              for ms in latencies]  # fmt: skip
+                        ax.plot(latencies, [y or 0 for y in ys], style, marker="o",
+                                color=COLORS[name], label=f"{name} {task}")  # fmt: skip
+                ax.set_title(f"{wl}: cold epoch (solid: 1 process, dashed: 2 workers)", fontsize=10)
+                ax.set_xlabel("first-byte latency, ms")
+                ax.set_ylabel("samples/s")
+                ax.grid(alpha=0.3)
+            axes.flat[0].legend(fontsize=8)
+            fig.tight_layout()
+            return fig
+
+        parts.append(plots.save("remote-latency", "samples/s against latency", draw) + "\n")
+    others = sorted({k[0] for k in results if k[0] != "s3"})
+    if others:
+        rows = []
+        for kind in others:
+            for wl in workloads:
+                for task in ("open", "cold", "dl", "ra"):
+                    r = results.get((kind, base, wl, task, "txstore"))
+                    if r is not None:
+                        rows.append([kind, wl, REMOTE_TASKS[task], _remote_cell(task, r)])
+        parts.append(f"### txstore on the GCS and Azure emulators, {base:g} ms\n")
+        parts.append(
+            "fake-gcs-server and Azurite behind the same proxy: txstore alone (the peers' "
+            "readers were not set up against these emulators).\n\n"
+            + table(["where", "wl", "measurement", "txstore"], rows)
+            + "\n"
+        )
+    targets = report.get("targets", [])
+    if targets:
+        rows = [
+            [
+                f"{t['kind']} {t['latency_ms']:g} ms",
+                t["workload"],
+                t["what"],
+                f"{t['txstore']:.3g}",
+                fmt(t["best_peer"], ".3g"),
+                x(t["ratio"]),
+                t["target"],
+                "met" if t["met"] else "**missed**",
+            ]
+            for t in targets
+        ]
+        parts.append("### Targets\n")
+        parts.append(
+            table(["where", "wl", "figure", "txstore", "faster peer", "ratio", "target", ""], rows)
+            + "\n"
+        )
+    rows = []
+    for (kind, ms, wl, task, system), r in sorted(results.items()):
+        if kind != "s3" or ms != base or task not in ("cold", "dl") or "error" in r:
+            continue
+        rows.append([wl, REMOTE_TASKS[task], REMOTE_NAMES[system], f"{r['seconds']:.1f}",
+                     f"{r['client_cpu_s']:.1f}", f"{r['proxy_cpu_s']:.1f}",
+                     f"{r['server_cpu_s']:.1f}", str(r["peak_connections"]),
+                     str(r["peak_in_flight"])])  # fmt: skip
+    if rows:
+        parts.append("### What bounds each run\n")
+        parts.append(
+            "Wall time against CPU seconds (client: the reading process and its workers; proxy; "
+            "server), and the most connections and requests in flight at once. A run whose "
+            "client CPU is close to wall × 2 cores is bound by the client's CPU; one with few "
+            "requests in flight, by round trips and the per-connection cap.\n\n"
+            + table(
+                [
+                    "wl",
+                    "measurement",
+                    "system",
+                    "wall s",
+                    "client cpu s",
+                    "proxy cpu s",
+                    "server cpu s",
+                    "conn",
+                    "in flight",
+                ],
+                rows,
+            )
+            + "\n"
+        )
+    return "\n".join(parts)
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -734,6 +923,8 @@ def generate(reports: Sequence[Report], plots: Plots, inputs: Sequence[Path]) ->
         parts.append(workers_section(by_kind["read-workers"], plots))
     if "fields" in by_kind:
         parts.append(fields_section(by_kind["fields"]))
+    if "remote" in by_kind:
+        parts.append(remote_section(by_kind["remote"], plots))
     text = "\n".join(p.rstrip() + "\n" for p in parts if p)
     return text.replace("\n\n\n", "\n\n")
 

@@ -446,6 +446,8 @@ def py_array(values: list[Any], name: str) -> pa.Array:
         return pa.array(values)
     except (pa.ArrowException, TypeError, ValueError, OverflowError):
         pass
+    if present and all(type(v) is int and v >= 0 for v in present):  # past int64
+        return pa.array(values, pa.uint64())
     try:
         return pa.array([_arrow_value(v) for v in values])
     except (pa.ArrowException, TypeError, ValueError, OverflowError) as e:

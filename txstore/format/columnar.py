@@ -193,19 +193,19 @@ def _prefixed(
     data: np.ndarray[Any, Any],
     offsets: np.ndarray[Any, Any],
 ) -> Encoded:
-    """Each value ``data[offsets[i]:offsets[i+1]]`` after its header ``heads[i, :used[i]]``."""
+    """Each value ``data[offsets[i]:offsets[i+1]]`` after its header ``heads[i, :used[i]]``
+    (``offsets`` index ``data`` itself: a slice's values start where its first one does)."""
     n = len(used)
     lengths = np.diff(offsets)
     sizes = used + lengths
     out_offsets = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(sizes, out=out_offsets[1:])
-    base = offsets[0]
-    if n and len(data) > _JOIN_ABOVE * n:
+    if n and int(lengths.sum()) > _JOIN_ABOVE * n:
         view = memoryview(data)
         parts: list[Any] = []
         for i in range(n):
             parts.append(heads[i, : used[i]].tobytes())
-            parts.append(view[offsets[i] - base : offsets[i + 1] - base])
+            parts.append(view[offsets[i] : offsets[i + 1]])
         return Encoded(np.frombuffer(b"".join(parts), dtype=_U8), out_offsets)
     out = np.empty(int(out_offsets[-1]), dtype=_U8)
     is_data = np.ones(len(out), dtype=bool)
@@ -215,7 +215,7 @@ def _prefixed(
         where = starts[rows] + k
         out[where] = heads[rows, k]
         is_data[where] = False
-    out[is_data] = data[offsets[0] - base : offsets[-1] - base]
+    out[is_data] = data[offsets[0] : offsets[-1]]
     return Encoded(out, out_offsets)
 
 
@@ -234,7 +234,7 @@ def encode_lists(items: Encoded, offsets: np.ndarray[Any, Any]) -> Encoded:
     """Lists of the values of ``items``: list ``i`` holds items ``offsets[i]:offsets[i+1]``."""
     heads, used = _headers(np.diff(offsets), _ARRAY)
     ends = items.offsets[offsets]  # where each list's items start and end in items.data
-    return _prefixed(heads, used, items.data[ends[0] : ends[-1]], ends)
+    return _prefixed(heads, used, items.data, ends)
 
 
 def _rowwise(columns: Sequence[Encoded]) -> Encoded:
@@ -320,6 +320,11 @@ def encode_numpy(values: np.ndarray[Any, Any], name: str, position: int) -> Enco
 
 def _is_arrow(obj: Any) -> bool:
     return type(obj).__module__.partition(".")[0] in ("pyarrow", "pandas")
+
+
+def is_columns(obj: Any) -> bool:
+    """Whether ``obj`` is a table of samples (Arrow or pandas), not a sample."""
+    return _is_arrow(obj)
 
 
 def _check_names(names: Iterable[Any], where: str) -> tuple[str, ...]:

@@ -366,10 +366,16 @@ def _fast_array(
         hlen, length = found
         if not (hlen + length == ends_v - starts_v).all():
             return None
-        keep = np.zeros(len(body) + 1, dtype=np.int8)  # +1 at value starts, -1 at ends
-        np.add.at(keep, starts_v + hlen, 1)
-        np.add.at(keep, ends_v, -1)
-        data = body[np.cumsum(keep[:-1], dtype=np.int8).view(bool)]
+        if not nulls and (hlen == hlen[0]).all() and (length == length[0]).all():
+            h = int(hlen[0])  # one length: a row per value, its header cut off
+            data = body[int(starts[0]) : int(ends[-1])].reshape(n, -1)[:, h:].reshape(-1)
+        else:
+            keep = np.ones(len(body), dtype=bool)  # the bytes of the values, not the nils
+            keep[starts[~valid]] = False
+            for k in range(int(hlen.max())):
+                rows = hlen > k
+                keep[starts_v[rows] + k] = False
+            data = body[keep]
         lengths = np.zeros(n, dtype=np.int64)
         lengths[valid] = length
         offsets = np.zeros(n + 1, dtype=np.int64)

@@ -200,6 +200,13 @@ def _prefixed(
     sizes = used + lengths
     out_offsets = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(sizes, out=out_offsets[1:])
+    if n and (lengths == lengths[0]).all() and (used == used[0]).all():
+        # One length (tokens, latents): a row per value, header then data.
+        h, length = int(used[0]), int(lengths[0])
+        rows = np.empty((n, h + length), dtype=_U8)
+        rows[:, :h] = heads[:, :h]
+        rows[:, h:] = data[offsets[0] : offsets[-1]].reshape(n, length)
+        return Encoded(rows.reshape(-1), out_offsets)
     if n and int(lengths.sum()) > _JOIN_ABOVE * n:
         view = memoryview(data)
         parts: list[Any] = []

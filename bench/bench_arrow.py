@@ -100,8 +100,10 @@ def main() -> None:
     report["write_repeats"] = totals
     print("\nwrite, durable totals (median):")
     for name, seconds in write.items():
-        print(f"  {name:16} {seconds:7.2f} s  {workload.num_samples / seconds:10,.0f} samples/s"
-              f"  {payload_mb / seconds:7.1f} MB/s")
+        print(
+            f"  {name:16} {seconds:7.2f} s  {workload.num_samples / seconds:10,.0f} samples/s"
+            f"  {payload_mb / seconds:7.1f} MB/s"
+        )
     ratios = {
         "batches / dicts": write["txstore-dicts"] / write["txstore-batches"],
     }

@@ -62,10 +62,14 @@ def _every_type(n: int) -> Any:
                 pa.array(rng.random(n * 4).astype(np.float32)), 4
             ),
             "img": pa.FixedSizeListArray.from_arrays(
-                pa.FixedSizeListArray.from_arrays(pa.array(rng.integers(0, 255, n * 6, np.uint8)), 3),
+                pa.FixedSizeListArray.from_arrays(
+                    pa.array(rng.integers(0, 255, n * 6, np.uint8)), 3
+                ),
                 2,
             ),
-            "strs3": pa.FixedSizeListArray.from_arrays(pa.array([f"s{i}" for i in range(n * 3)]), 3),
+            "strs3": pa.FixedSizeListArray.from_arrays(
+                pa.array([f"s{i}" for i in range(n * 3)]), 3
+            ),
             "struct": pa.array(
                 [{"a": i, "b": f"b{i}", "c": [1.5] * (i % 2)} for i in range(n)],
                 pa.struct([("a", pa.int64()), ("b", pa.string()), ("c", pa.list_(pa.float64()))]),
@@ -149,8 +153,7 @@ def test_every_mapped_type_round_trips(tmp_path: Path) -> None:
         pa.array([1, 2], pa.duration("ms")),
         pa.array([1, 2], pa.time32("s")),
         pa.array([1, 2], pa.decimal128(5, 2)),
-        pa.array([[("a", 1)], []], pa.map_(pa.int32(), pa.int32())) if False else None,
-    ][:5],
+    ],
 )
 def test_unmapped_types_are_refused_naming_the_column(tmp_path: Path, column: Any) -> None:
     store = _store(tmp_path)
@@ -168,9 +171,7 @@ def test_refusals_inside_nested_types_name_the_path(tmp_path: Path) -> None:
     with pytest.raises(EncodeError, match="maps with string keys"):
         store.append(pa.table({"m": pa.array([[(1, 2)]], pa.map_(pa.int32(), pa.int32()))}))
     with pytest.raises(EncodeError, match="a null inside an array"):
-        store.append(
-            pa.table({"e": pa.FixedSizeListArray.from_arrays(pa.array([1.0, None]), 2)})
-        )
+        store.append(pa.table({"e": pa.FixedSizeListArray.from_arrays(pa.array([1.0, None]), 2)}))
     with pytest.raises(EncodeError, match="appear more than once"):
         store.append(pa.Table.from_arrays([pa.array([1]), pa.array([2])], names=["a", "a"]))
     assert store.version == 0
@@ -228,7 +229,7 @@ def test_numpy_columns_of_more_dimensions_give_arrays(tmp_path: Path) -> None:
 
 def test_a_dict_that_is_not_columns_is_refused(tmp_path: Path) -> None:
     store = _store(tmp_path)
-    with pytest.raises(EncodeError, match="dict of columns.*'a' is a int"):
+    with pytest.raises(EncodeError, match=r"dict of columns.*'a' is a int"):
         store.append({"a": 1})
     with pytest.raises(EncodeError, match="differ in length"):
         store.append({"a": [1, 2], "b": [1]})
@@ -248,9 +249,7 @@ def test_staged_writers_and_optimize_take_tables(tmp_path: Path) -> None:
     assert [s["id"] for s in store.snapshot()] == list(range(N))
     out = str(tmp_path / "opt")
     txstore.optimize(lambda k: table.slice(k * 100, 100), range(7), out, progress=False)
-    assert list(txstore.open(out).snapshot()) == [
-        {"id": i, "x": str(i)} for i in range(N)
-    ]
+    assert list(txstore.open(out).snapshot()) == [{"id": i, "x": str(i)} for i in range(N)]
 
 
 def test_to_batches_take_and_to_arrow_give_the_samples_written(tmp_path: Path) -> None:
@@ -264,9 +263,12 @@ def test_to_batches_take_and_to_arrow_give_the_samples_written(tmp_path: Path) -
     batches = list(snap.to_batches(batch_size=128))
     assert [b.num_rows for b in batches] == [128] * (N // 128) + [N % 128]
     rows = [r for b in batches for r in b.to_pylist()]
-    assert rows == [{"id": s["id"], "tokens": s["tokens"], "label": s.get("label")} for s in samples]
+    assert rows == [
+        {"id": s["id"], "tokens": s["tokens"], "label": s.get("label")} for s in samples
+    ]
     ids = [b.column("id").to_pylist() for b in snap.to_batches(["id"])]
-    assert sum(ids, []) == list(range(N)) and len(ids) == len(snap.chunks())
+    assert [i for part in ids for i in part] == list(range(N))
+    assert len(ids) == len(snap.chunks())
     table = snap.to_arrow(["tokens", "id"])
     assert table.column("tokens").to_pylist() == [s["tokens"] for s in samples]
     assert table.schema.field("id").type == pa.int64()

@@ -31,17 +31,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import msgspec
 import numpy as np
 import pyarrow as pa
-
-from ..errors import EncodeError
-from . import columnar as col
-from .columnar import ColumnBatch, Encoded
-import msgspec
 import pyarrow.compute
 
-from ..errors import CorruptError
+from ..errors import CorruptError, EncodeError
+from . import columnar as col
 from .chunk import FLAG_SPARSE
+from .columnar import ColumnBatch, Encoded
 from .values import ABSENT, MAX_DEPTH, ValueEncoder
 
 msgspec_errors = (msgspec.DecodeError,)
@@ -98,7 +96,7 @@ def _fixed_shape(arr: pa.Array, name: str) -> np.ndarray[Any, Any] | None:
         return None
     if cur.null_count:
         raise _refuse(name, arr.type, ": a null inside an array")
-    values = cur.to_numpy(zero_copy_only=False)
+    values: np.ndarray[Any, Any] = cur.to_numpy(zero_copy_only=False)
     return values.reshape(len(arr), *shape)
 
 
@@ -138,7 +136,9 @@ def encode_array(arr: Any, name: str, position: int, depth: int = 0) -> Encoded:
                 raise EncodeError(f"column {name!r}: {e}") from None
         offsets = _offsets(arr, pa.types.is_large_string(t) or pa.types.is_large_binary(t))
         buffer = arr.buffers()[2]
-        data = np.frombuffer(buffer, dtype=np.uint8) if buffer is not None else np.empty(0, np.uint8)
+        data = (
+            np.frombuffer(buffer, dtype=np.uint8) if buffer is not None else np.empty(0, np.uint8)
+        )
         encode = col.encode_strings if text else col.encode_binary
         return col.with_nulls(encode(data, offsets), valid)
     if pa.types.is_fixed_size_list(t):
@@ -160,7 +160,9 @@ def encode_array(arr: Any, name: str, position: int, depth: int = 0) -> Encoded:
     if pa.types.is_list(t) or pa.types.is_large_list(t):
         offsets = _offsets(arr, pa.types.is_large_list(t))
         first, last = int(offsets[0]), int(offsets[-1])
-        items = encode_array(arr.values.slice(first, last - first), f"{name}[]", position, depth + 1)
+        items = encode_array(
+            arr.values.slice(first, last - first), f"{name}[]", position, depth + 1
+        )
         return col.with_nulls(col.encode_lists(items, offsets - first), valid)
     if pa.types.is_struct(t):
         keys = [t.field(i).name for i in range(t.num_fields)]
@@ -198,7 +200,7 @@ def _maps(arr: Any, name: str, position: int) -> Encoded:
     t = arr.type
     if not (pa.types.is_string(t.key_type) or pa.types.is_large_string(t.key_type)):
         raise _refuse(name, t, ": only maps with string keys are dicts")
-    rows = []
+    rows: list[dict[str, Any] | None] = []
     for i, pairs in enumerate(arr.to_pylist()):
         if pairs is None:
             rows.append(None)
@@ -242,9 +244,6 @@ def batches(obj: Any, position: int = 0) -> Iterator[ColumnBatch]:
             columns.append(encoded)
         yield ColumnBatch(names, tuple(columns), batch.num_rows)
         position += batch.num_rows
-
-
-
 
 
 # -- out: frames to Arrow arrays -------------------------------------------------------------
@@ -292,7 +291,9 @@ def _lengths(
 
 
 def _fast_array(
-    body: np.ndarray[Any, Any], starts: np.ndarray[Any, Any], ends: np.ndarray[Any, Any],
+    body: np.ndarray[Any, Any],
+    starts: np.ndarray[Any, Any],
+    ends: np.ndarray[Any, Any],
     decoder: Any,
 ) -> pa.Array | None:
     """The values of a column with numpy, when they are all ints, floats, bools, strs, bytes
@@ -381,15 +382,20 @@ def _fast_array(
         offsets = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
         large = offsets[-1] > 2**31 - 1
-        kind = (pa.large_binary() if large else pa.binary()) if kinds is _BIN_TAGS else (
-            pa.large_string() if large else pa.string()
+        kind = (
+            (pa.large_binary() if large else pa.binary())
+            if kinds is _BIN_TAGS
+            else (pa.large_string() if large else pa.string())
         )
         bitmap = None if mask is None else pa.array(valid).buffers()[1]
         return pa.Array.from_buffers(
             kind,
             n,
-            [bitmap, pa.py_buffer(offsets.astype(np.int64 if large else np.int32)),
-             pa.py_buffer(data)],
+            [
+                bitmap,
+                pa.py_buffer(offsets.astype(np.int64 if large else np.int32)),
+                pa.py_buffer(data),
+            ],
             null_count=int(n - valid.sum()),
         )
     if first in (0xC7, 0xC8, 0xC9, 0xD4, 0xD5, 0xD6, 0xD7, 0xD8) and not nulls:
@@ -494,6 +500,11 @@ def column_array(
     return py_array(values, name)
 
 
+def empty_table(num_rows: int) -> pa.Table:
+    """A table of ``num_rows`` rows and no columns (a chunk without the fields asked for)."""
+    return pa.table({"_": pa.nulls(num_rows)}).drop_columns(["_"])
+
+
 def table_of(names: list[str], arrays: list[pa.Array]) -> pa.Table:
     return pa.Table.from_arrays(arrays, names=names)
 
@@ -539,6 +550,8 @@ def cast(table: Any, schema: Any) -> Any:
     if isinstance(table, pa.RecordBatch):
         return pa.RecordBatch.from_arrays(arrays, schema=schema)
     return pa.Table.from_arrays(arrays, schema=schema)
+
+
 __all__ = ["batches", "column_array", "encode_array", "py_array", "rebatch"]
 
 
@@ -567,8 +580,10 @@ def chunk_table(
                 if keep is not None and name not in keep:
                     continue
                 offset, length = frame.offset, frame.length
-                stored = whole[offset : offset + length] if whole is not None else buf.view(
-                    offset, length
+                stored = (
+                    whole[offset : offset + length]
+                    if whole is not None
+                    else buf.view(offset, length)
                 )
                 if len(stored) != length:
                     raise CorruptError(f"{layout.where}: truncated frame at offset {offset}")
@@ -588,5 +603,5 @@ def chunk_table(
     except msgspec_errors as e:
         raise CorruptError(f"{parts[0][0].where}: a bad frame: {e}") from e
     if not names_out:
-        return pa.table({}).append_column("_", pa.nulls(block_starts[-1])).drop_columns("_")
+        return empty_table(block_starts[-1])
     return pa.Table.from_arrays(arrays, names=names_out)

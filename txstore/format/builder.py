@@ -443,7 +443,7 @@ class ChunkBuilder:
                 body = column.data[offsets[i] : offsets[j]]
                 table = (offsets[i:j] - offsets[i] + len(head)).astype("<u4").tobytes()
                 raw_length = len(head) + len(body) + len(table)
-                self._store_frame(name, (head, memoryview(body), table), raw_length, False)
+                self._store_frame(name, (head, body.data, table), raw_length, False)
             self._sealed.blocks.append((j - i, len(batch.names)))
             self._num_samples += j - i
             i = j

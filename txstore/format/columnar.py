@@ -82,7 +82,7 @@ def encode_ints(values: np.ndarray[Any, Any]) -> Encoded:
     if values.dtype.kind == "u" and values.dtype.itemsize == 8 and int(values.max()) > 2**63 - 1:
         return _tagged(0xCF, values, ">u8")
     low, high = int(values.min()), int(values.max())
-    if -32 <= low and high <= 127:  # fixints: the value's own byte
+    if low >= -32 and high <= 127:  # fixints: the value's own byte
         return _even(values.astype(np.int8).view(_U8), 1, n)
     for tag, kind, lo, hi in _INT_WIDTHS:
         if lo <= low and high <= hi:
@@ -208,7 +208,7 @@ def _prefixed(
         rows[:, h:] = data[offsets[0] : offsets[-1]].reshape(n, length)
         return Encoded(rows.reshape(-1), out_offsets)
     if n and int(lengths.sum()) > _JOIN_ABOVE * n:
-        view = memoryview(data)
+        view = data.data
         parts: list[Any] = []
         for i in range(n):
             parts.append(heads[i, : used[i]].tobytes())
@@ -218,9 +218,9 @@ def _prefixed(
     is_data = np.ones(len(out), dtype=bool)
     starts = out_offsets[:-1]
     for k in range(int(used.max(initial=0))):
-        rows = used > k
-        where = starts[rows] + k
-        out[where] = heads[rows, k]
+        used_k = used > k
+        where = starts[used_k] + k
+        out[where] = heads[used_k, k]
         is_data[where] = False
     out[is_data] = data[offsets[0] : offsets[-1]]
     return Encoded(out, out_offsets)
@@ -320,9 +320,7 @@ def encode_numpy(values: np.ndarray[Any, Any], name: str, position: int) -> Enco
         return encode_arrays(values, name, position)
     if kind == "O":
         return encode_objects(list(values), name, position, ValueEncoder())
-    return encode_objects(
-        (values[i] for i in range(len(values))), name, position, ValueEncoder()
-    )
+    return encode_objects((values[i] for i in range(len(values))), name, position, ValueEncoder())
 
 
 def _is_arrow(obj: Any) -> bool:

@@ -289,15 +289,12 @@ class ChunkReader:
                 rows = rows[max(0, start - block_start) : stop - block_start]
             yield from rows
 
-
     def table(self, fetched: Fetched, chunk: ChunkRef) -> Any:
         """A fetched chunk's samples as one ``pyarrow.Table`` (the ``arrow`` extra)."""
         from ..format import arrow
 
         if not fetched.parts:  # no field asked for is in this chunk
-            return arrow.table_of([], []).append_column(
-                "_", arrow.pa.nulls(chunk.num_samples)
-            ).drop_columns("_")
+            return arrow.empty_table(chunk.num_samples)
         layouts = [layout for _, layout, _, _ in fetched.parts]
         for layout in layouts[1:]:
             if layout.block_starts != layouts[0].block_starts:

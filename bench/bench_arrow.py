@@ -25,6 +25,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,10 @@ def _timed(fn: Callable[[], Any], out: Path) -> tuple[float, float]:
     mid = time.perf_counter()
     fsync_tree(out)
     return mid - start, time.perf_counter() - mid
+
+
+def _scan_lance(dataset: Any) -> int:
+    return sum(b.num_rows for b in dataset.to_batches())
 
 
 def main() -> None:
@@ -89,7 +94,7 @@ def main() -> None:
         random.Random(turn).shuffle(order)
         for name in order:
             out = base / f"{name}-{turn}"
-            call, sync = _timed(lambda name=name, out=out: writers[name](out), out)
+            call, sync = _timed(partial(writers[name], out), out)
             totals[name].append(call + sync)
             print(f"  write {name:16} {call:7.2f} s + fsync {sync:5.2f} s")
             if turn < repeat - 1:
@@ -121,7 +126,7 @@ def main() -> None:
     if lance is not None:
         for peer in ("lance-2.0", "lance-default"):
             datasets[peer] = lance.dataset(str(base / f"{peer}-{last}"))
-            readers[peer] = lambda ds=datasets[peer]: sum(b.num_rows for b in ds.to_batches())
+            readers[peer] = partial(_scan_lance, datasets[peer])
             scans[peer] = []
     for name, read in readers.items():
         assert read() == workload.num_samples, name  # warms the page cache too

@@ -14,6 +14,7 @@ pyarrow ``Table`` or ``RecordBatch``, a pandas ``DataFrame``, and a dict holding
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -412,8 +413,9 @@ def peek_columns(
 
 
 def _chain(first: Any, rest: Iterator[Any]) -> Iterator[Any]:
-    yield first
-    yield from rest
+    # Not a generator: closing one would close ``rest`` too (``yield from``), and a caller
+    # that caught an EncodeError may go on with the same iterator.
+    return itertools.chain((first,), rest)
 
 
 def _batches(items: Iterator[Any], position: int) -> Iterator[ColumnBatch]:

@@ -115,3 +115,30 @@ def test_datasource_rows_equal_the_snapshots_samples(ray_instance: None, tmp_pat
         assert np.array_equal(np.asarray(row["img"]), want["img"])
         assert np.array_equal(np.asarray(row["ragged"]), want["ragged"])
         assert row["label"] == want.get("label")
+
+
+def test_arrow_blocks_both_ways(ray_instance: None, tmp_path: Path) -> None:
+    """The sink appends Ray's Arrow blocks (tensor columns included) a column at a time; the
+    source gives one Arrow block per chunk, of the fields asked for."""
+    pa = pytest.importorskip("pyarrow")
+    n = 900
+    table = pa.table({"id": list(range(n)), "text": [f"t{i}" * 10 for i in range(n)]})
+    emb = np.arange(n * 4, dtype=np.float32).reshape(n, 2, 2)
+    uri = str(tmp_path / "s")
+    store = txstore.create(uri, chunk_bytes=4096)
+    sink = TxstoreDatasink(uri)
+    ray.data.from_arrow(table).write_datasink(sink)
+    tensors = TxstoreDatasink(uri)
+    ray.data.from_numpy(emb).write_datasink(tensors)  # a tensor column named "data"
+    snap = store.snapshot()
+    assert sorted(s["id"] for s in snap if "id" in s) == list(range(n))
+    arrays = sorted((s["data"] for s in snap if "data" in s), key=lambda a: float(a.flat[0]))
+    assert len(arrays) == n and all(a.dtype == np.float32 and a.shape == (2, 2) for a in arrays)
+    assert np.array_equal(np.stack(arrays), emb)
+    source = TxstoreDatasource(store.snapshot(1), fields=["text", "id"])
+    blocks = [block for task in source.get_read_tasks(2) for block in task()]
+    assert len(blocks) == len(store.snapshot(1).chunks()) > 2
+    assert all(isinstance(b, pa.Table) and b.column_names == ["id", "text"] for b in blocks)
+    rows = ray.data.read_datasource(source).take_all()
+    want = [(i, f"t{i}" * 10) for i in range(n)]
+    assert sorted((int(r["id"]), r["text"]) for r in rows) == want

@@ -23,10 +23,13 @@ from operator import add as plus
 from operator import itemgetter
 from typing import Any
 
+import numpy as np
+
 from ..errors import EncodeError
 from .chunk import FLAG_SPARSE, HEADER, MAX_BLOCK_SAMPLES
 from .chunkfile import BuiltChunk, ChunkStream, SealedFrames
 from .codec import CODEC_RAW, FrameCompressor
+from .columnar import ColumnBatch
 from .values import (
     ABSENT,
     ABSENT_BYTES,
@@ -410,6 +413,44 @@ class ChunkBuilder:
                 break
         return start
 
+    def add_columns(
+        self, batch: ColumnBatch, start: int, position: int, limit: int, *, one_block: bool = False
+    ) -> int:
+        """Add rows ``start:`` of a batch of columns, in blocks of their own (an open block of
+        samples is sealed first), until ``size`` reaches ``limit`` or the batch ends; return
+        how many were added. Blocks close where a block of samples would: once their
+        encoded size reaches ``block_bytes``, or at 4096 samples. ``one_block``: all the
+        rows (at most 4096) in one block, for a field file copying its chunk's blocks."""
+        self._seal_block()
+        ends = batch.row_ends()
+        n, i = batch.num_rows, start
+        cap = min(self._block_limit, _CHECK_BLOCK_AT)  # a frame's offsets are u32
+        while i < n:
+            if one_block:
+                j = n
+                if int(ends[j] - ends[i]) > _CHECK_BLOCK_AT and j - i > 1:
+                    raise EncodeError(
+                        f"samples {position}..{position + n - 1}: the values of one block "
+                        "would pass 4 GiB (a frame's offsets are 32-bit)"
+                    )
+            else:
+                room = min(cap, max(1, limit - self._size))
+                j = int(np.searchsorted(ends, ends[i] + room, side="left"))
+                j = max(i + 1, min(j, n, i + MAX_BLOCK_SAMPLES))
+            for name, column in zip(batch.names, batch.columns, strict=True):
+                offsets = column.offsets
+                head = _array_header(j - i)
+                body = column.data[offsets[i] : offsets[j]]
+                table = (offsets[i:j] - offsets[i] + len(head)).astype("<u4").tobytes()
+                raw_length = len(head) + len(body) + len(table)
+                self._store_frame(name, (head, body.data, table), raw_length, False)
+            self._sealed.blocks.append((j - i, len(batch.names)))
+            self._num_samples += j - i
+            i = j
+            if self._size >= limit:
+                break
+        return i - start
+
     def _open_block(self, fast: _FastPath) -> None:
         """The open block's first sample took ``fast``: its columns are the path's keys."""
         self._keys = list(fast.keys)
@@ -597,7 +638,6 @@ class ChunkBuilder:
         return parts, sizes, sparse
 
     def _seal_frame(self, name: str, parts: list[bytes], sizes: list[int], sparse: bool) -> None:
-        column = self._columns.setdefault(name, len(self._columns))
         n = len(sizes)
         head = _array_header(n)
         if sizes.count(sizes[0]) == n:  # values of one size: a table made before
@@ -606,7 +646,14 @@ class ChunkBuilder:
         else:
             table = struct.pack(f"<{n}I", *accumulate(sizes[:-1], initial=len(head)))
         raw_length = len(head) + sum(sizes) + len(table)
-        codec, stored = CODEC_RAW, (head, *parts, table)
+        self._store_frame(name, (head, *parts, table), raw_length, sparse)
+
+    def _store_frame(
+        self, name: str, stored: tuple[bytes | memoryview, ...], raw_length: int, sparse: bool
+    ) -> None:
+        """Seal one frame from its raw bytes in pieces: compressed when that pays."""
+        column = self._columns.setdefault(name, len(self._columns))
+        codec = CODEC_RAW
         if self._should_compress(name):
             codec, packed = self._compressor.compress(b"".join(stored))
             if codec == CODEC_RAW:

@@ -49,7 +49,7 @@ class SealedFrames:
     def __init__(self) -> None:
         self.blocks: list[tuple[int, int]] = []
         self.frames: list[_FrameMeta] = []
-        self.stored: list[tuple[bytes, ...]] = []
+        self.stored: list[tuple[bytes | memoryview, ...]] = []
 
 
 class ChunkStream:
@@ -171,11 +171,11 @@ class _Run:
     """Consecutive frames of small parts, joined into one buffer and checksummed from it."""
 
     def __init__(self, first: bytes) -> None:
-        self.parts: list[bytes] = [first]
+        self.parts: list[bytes | memoryview] = [first]
         self.size = len(first)
         self.frames: list[tuple[int, int, int]] = []  # checksum slot, start in the run, length
 
-    def add(self, slot: int, stored: tuple[bytes, ...], length: int) -> None:
+    def add(self, slot: int, stored: tuple[bytes | memoryview, ...], length: int) -> None:
         self.frames.append((slot, self.size, length))
         self.parts += stored
         self.size += length

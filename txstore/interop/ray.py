@@ -5,7 +5,9 @@
 
 Each write task writes its own chunks for a staged transaction and returns a small JSON
 description; the driver commits all of them as one version in ``on_write_complete``. A failed
-job commits nothing (its chunks are left unreferenced for vacuum to reclaim).
+job commits nothing (its chunks are left unreferenced for vacuum to reclaim). Blocks go both
+ways as Arrow: a write task appends each block a column at a time, and a read task yields one
+Arrow block per chunk (``Snapshot.to_batches``'s conversion).
 Needs the ``ray`` extra: ``pip install 'txstore[ray]'``.
 """
 
@@ -15,7 +17,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ray.data import Datasink, Datasource, ReadTask
-from ray.data.block import Block, BlockAccessor, BlockMetadata, BlockType
+from ray.data.block import Block, BlockAccessor, BlockMetadata
 
 from ..storage import open_storage
 from ..store.core import Commit, open_or_create
@@ -23,28 +25,11 @@ from ..store.snapshot import ChunkReader, Snapshot
 from ..store.staging import StagedPart, StagedWriter, Transaction, TransactionHandle
 
 
-def _plain(value: Any) -> Any:
-    """Arrow hands numpy scalars to Python: store them as plain ints, floats and bools."""
-    item = getattr(value, "item", None)
-    if item is not None and getattr(value, "ndim", None) == 0 and type(value).__module__ == "numpy":
-        return item()
-    return value
-
-
-def _block(samples: Iterable[dict[str, Any]]) -> Block:
-    """One Arrow block of samples, through Ray's public batch conversion (arrays become tensor
-    columns); a key a sample lacks is null in its row."""
-    rows = list(samples)
-    keys = list(dict.fromkeys(k for row in rows for k in row))
-    columns = {k: [row.get(k) for row in rows] for k in keys}
-    return BlockAccessor.batch_to_block(columns, block_type=BlockType.ARROW)
-
-
-def _rows(blocks: Iterable[Block]) -> Iterator[dict[str, Any]]:
+def _tables(blocks: Iterable[Block]) -> Iterator[Any]:
+    """Each block as an Arrow table (a pandas block through Ray's own conversion); Ray's
+    tensor columns are extension arrays whose rows the columnar append takes as arrays."""
     for block in blocks:
-        rows: Iterable[Any] = BlockAccessor.for_block(block).iter_rows(public_row_format=True)
-        for row in rows:
-            yield {key: _plain(value) for key, value in row.items()}
+        yield BlockAccessor.for_block(block).to_arrow()
 
 
 class TxstoreDatasink(Datasink[str]):
@@ -71,7 +56,7 @@ class TxstoreDatasink(Datasink[str]):
     def write(self, blocks: Iterable[Block], ctx: Any) -> str:
         writer = StagedWriter(TransactionHandle.from_json(self._handle))
         try:
-            writer.write(_rows(blocks))
+            writer.write(_tables(blocks))
             return writer.finish().to_json().decode()
         except BaseException:
             writer.abort()
@@ -116,8 +101,7 @@ class TxstoreDatasource(Datasource):
             def read(mine: list[Any] = mine) -> Iterator[Block]:
                 reader = ChunkReader(open_storage(uri, options or None))
                 for chunk in mine:
-                    fetched = reader.fetch(chunk, version, fields)
-                    yield _block(reader.samples(fetched, chunk, version))
+                    yield reader.table(reader.fetch(chunk, version, fields), chunk)
 
             meta = BlockMetadata(
                 num_rows=sum(c.num_samples for c in mine),

@@ -28,6 +28,7 @@ from ..errors import (
     StoreNotFoundError,
     TxstoreError,
 )
+from ..format.columnar import is_columns
 from ..format.manifest import (
     DEFAULT_BLOCK_BYTES,
     DEFAULT_CHUNK_BYTES,
@@ -83,7 +84,8 @@ class _Samples:
             produced = self._call(fn, item, index)
             self.index, self.first = index, taken
             yield from produced
-            taken += len(produced)
+            # A table (or data frame) fn returned holds as many samples as it has rows.
+            taken += sum(len(p) if is_columns(p) else 1 for p in produced)
             unreported += 1
             if (
                 unreported >= every
@@ -97,7 +99,7 @@ class _Samples:
     def _call(fn: Callable[[Any], Any], item: Any, index: int) -> list[Any]:
         try:
             out = fn(item)
-            if isinstance(out, dict):
+            if isinstance(out, dict) or is_columns(out):
                 return [out]
             if isinstance(out, Iterable) and not isinstance(out, str | bytes | bytearray):
                 return list(out)  # a generator's own errors are fn's: named below
@@ -290,7 +292,9 @@ def optimize(
     """Apply ``fn`` to every input and commit all the samples as one version of the store at
     ``output_dir`` (LitData's ``optimize``, transactional).
 
-    ``fn`` returns a sample (a dict) or several (an iterable of dicts, e.g. a generator).
+    ``fn`` returns a sample (a dict) or several (an iterable of dicts, e.g. a generator, or
+    a pyarrow Table or RecordBatch or a pandas DataFrame: a sample per row; when the first
+    input gives a table, every input must).
     ``mode``: None creates a store and refuses an existing one (but for an empty one with
     these settings, as a storage failure mid-call can leave); "append" adds a version;
     "overwrite" commits a version holding only these samples (older versions stay). A new

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import operator
 import threading
 from bisect import bisect_left, bisect_right
 from collections import OrderedDict
@@ -288,6 +289,20 @@ class ChunkReader:
                 rows = rows[max(0, start - block_start) : stop - block_start]
             yield from rows
 
+    def table(self, fetched: Fetched, chunk: ChunkRef) -> Any:
+        """A fetched chunk's samples as one ``pyarrow.Table`` (the ``arrow`` extra)."""
+        from ..format import arrow
+
+        if not fetched.parts:  # no field asked for is in this chunk
+            return arrow.empty_table(chunk.num_samples)
+        layouts = [layout for _, layout, _, _ in fetched.parts]
+        for layout in layouts[1:]:
+            if layout.block_starts != layouts[0].block_starts:
+                raise CorruptError(f"{layout.where} is not aligned with its chunk's blocks")
+        parts = [(layout, buf, keep) for _, layout, buf, keep in fetched.parts]
+        checked = tuple(src.path in fetched.verified for src, _, _, _ in fetched.parts)
+        return arrow.chunk_table(parts, self.decoder, checked)
+
 
 class Snapshot(Sequence[Sample]):
     """The samples of one committed version, in commit order.
@@ -527,6 +542,86 @@ class Snapshot(Sequence[Sample]):
 
     def __iter__(self) -> Iterator[Sample]:
         return self.iter_chunks(self.chunk_refs())
+
+    # -- columnar reads (the ``arrow`` extra: pyarrow) -------------------------------------
+
+    def _tables(self, fields: Iterable[str] | None) -> Iterator[Any]:
+        """A ``pyarrow.Table`` per chunk, reading the next chunk while converting one."""
+        view = self if fields is None else self.select(fields)
+        chunks = view.chunk_refs()
+        reader, version, wanted = view._reader, view.version, view._fields
+        if not chunks:
+            return
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="txstore-read") as pool:
+            ahead: Future[Fetched] = pool.submit(reader.fetch, chunks[0], version, wanted)
+            for i, chunk in enumerate(chunks):
+                fetched = ahead.result()
+                if i + 1 < len(chunks):
+                    ahead = pool.submit(reader.fetch, chunks[i + 1], version, wanted)
+                yield reader.table(fetched, chunk)
+
+    def to_batches(
+        self,
+        fields: Iterable[str] | None = None,
+        *,
+        batch_size: int | None = None,
+        schema: Any = None,
+    ) -> Iterator[Any]:
+        """The samples as ``pyarrow.RecordBatch``es, in order: a batch per chunk, or of
+        ``batch_size`` rows (the last may be shorter). A column per field (``fields``: only
+        those), a null where a sample lacks the field; ints are int64, floats float64,
+        numpy arrays of one shape fixed_size_lists (docs/arrow.md). ``schema``: cast each
+        batch to it (the schema an Arrow table was appended with gives that table back)."""
+        from ..format import arrow
+
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, not {batch_size}")
+        for batch in arrow.rebatch(self._tables(fields), batch_size):
+            yield arrow.cast(batch, schema)
+
+    def to_arrow(self, fields: Iterable[str] | None = None, *, schema: Any = None) -> Any:
+        """Every sample as one ``pyarrow.Table`` (see ``to_batches``)."""
+        from ..format import arrow
+
+        tables = list(self._tables(fields))
+        if not tables:
+            return arrow.cast(arrow.table_of([], []), schema)
+        return arrow.cast(arrow.concat(tables), schema)
+
+    def take(
+        self, indices: Iterable[int], fields: Iterable[str] | None = None, *, schema: Any = None
+    ) -> Any:
+        """The samples at ``indices`` (in that order; negative ones count from the end) as a
+        ``pyarrow.Table``, reading each block they are in once, only the frames of
+        ``fields``."""
+        from ..format import arrow
+
+        view = self if fields is None else self.select(fields)
+        wanted = list(indices)
+        n = len(self)
+        rows: dict[str, list[Any]] = {}
+        for k, index in enumerate(view._locate_many(wanted, n)):
+            chunk, local = index
+            sample = view._reader.sample(chunk, local, view.version, view._fields)
+            for name, value in sample.items():
+                rows.setdefault(name, [None] * len(wanted))[k] = value
+        names = list(rows)
+        table = arrow.table_of(names, [arrow.py_array(rows[name], name) for name in names])
+        return arrow.cast(table, schema)
+
+    def _locate_many(self, indices: list[int], n: int) -> Iterator[tuple[ChunkRef, int]]:
+        for index in indices:
+            if isinstance(index, bool) or not isinstance(index, int):
+                index = operator.index(index)
+            if index < 0:
+                index += n
+            if not 0 <= index < n:
+                raise IndexError(f"sample index out of range for a snapshot of {n} samples")
+            seg_no = bisect_right(self._segment_starts, index) - 1
+            segment = self._segment(seg_no)
+            local = index - self._segment_starts[seg_no]
+            chunk_no = bisect_right(segment.starts, local) - 1
+            yield segment.chunks[chunk_no], local - segment.starts[chunk_no]
 
     def iter_chunks(self, chunks: Sequence[ChunkRef]) -> Iterator[Sample]:
         """The samples of ``chunks`` in order, reading the next chunk while decoding one."""

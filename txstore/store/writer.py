@@ -17,6 +17,7 @@ from ..errors import TxstoreError
 from ..format.builder import ChunkBuilder
 from ..format.chunkfile import BuiltChunk, ChunkStream
 from ..format.codec import FrameCompressor
+from ..format.columnar import ColumnBatch, peek_columns
 from ..format.manifest import ChunkRef, StoreConfig
 from ..storage import Storage
 
@@ -131,7 +132,16 @@ class ChunkWriter:
         A list or tuple goes to the builder in slices, checked a slice at a time. Any other
         iterable is taken one sample at a time, each added before the next is taken: a source
         may reuse its dicts or buffers, and a caller that catches an EncodeError may go on
-        with the same iterator from just past the refused sample."""
+        with the same iterator from just past the refused sample.
+
+        Columns (``columnar.as_columns``: a pyarrow Table or RecordBatch, an iterable of
+        them, a pandas DataFrame, a dict of equal-length columns) are added a column at a
+        time."""
+        batches, samples = peek_columns(samples, self.num_samples)
+        if batches is not None:
+            for batch in batches:
+                self._write_columns(batch)
+            return
         if isinstance(samples, (list, tuple)):
             self._write_sequence(samples)
             return
@@ -147,6 +157,17 @@ class ChunkWriter:
             if added == 0 or builder.size < limit:
                 return  # the source ended
             self._hand_off()
+
+    def _write_columns(self, batch: ColumnBatch) -> None:
+        start = 0
+        while start < batch.num_rows:
+            builder = self._builder
+            limit = self._limit(builder)
+            added = builder.add_columns(batch, start, self.num_samples, limit)
+            self.num_samples += added
+            start += added
+            if builder.size >= limit:
+                self._hand_off()
 
     def _write_sequence(self, samples: Sequence[Any]) -> None:
         start = 0

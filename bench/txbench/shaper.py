@@ -131,7 +131,10 @@ class ShapingProxy:
         self.counters.in_flight = max(0, self.counters.in_flight - answers.qsize())
 
     async def _requests(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, answers: asyncio.Queue
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        answers: asyncio.Queue[None],
     ) -> None:
         """Request heads are parsed (to count them and find the next one); bodies pass on."""
         while True:
@@ -184,7 +187,10 @@ class ShapingProxy:
             await writer.drain()
 
     async def _answers(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, answers: asyncio.Queue
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        answers: asyncio.Queue[None],
     ) -> None:
         """Answers pass on as bytes, paced; a request counts as in flight until the first
         bytes after it was sent come back (a close enough mark of its answer)."""

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import gc
+import hashlib
 import importlib.metadata
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -16,6 +18,9 @@ from typing import Any
 
 #: The repository this package sits in (bench/txbench/ -> the checkout).
 REPO = Path(__file__).resolve().parents[2]
+
+#: Children import the frozen copy of txstore named by this variable (``freeze_txstore``).
+TXSTORE_SRC_ENV = "BENCH_TXSTORE_SRC"
 
 PACKAGES = (
     "txstore",
@@ -203,3 +208,30 @@ def print_machine(info: dict[str, Any]) -> None:
     print(f"packages: {packages}")
     print(f"txstore source: {info['txstore_revision']}")
     print(f"load average at start: {format_load(info['load_at_start'])}")
+
+
+# --------------------------------------------------------------------------- frozen source
+
+
+def freeze_txstore(into: Path) -> str:
+    """Copy txstore/ as it is now into ``into``; return a digest of its .py files.
+
+    The checkout is shared and edited while a run lasts tens of minutes; every child imports
+    this copy (``use_frozen_txstore``), so one run measures one version of the code.
+    """
+    shutil.copytree(
+        REPO / "txstore", into / "txstore", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    digest = hashlib.sha256()
+    for path in sorted((into / "txstore").rglob("*.py")):
+        digest.update(path.relative_to(into).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def use_frozen_txstore(src: str) -> None:
+    """Import txstore from ``src``, ahead of an editable install's finder (which may point at
+    another checkout)."""
+    sys.meta_path[:] = [
+        f for f in sys.meta_path if not getattr(f, "__module__", "").startswith("__editable__")
+    ]
+    sys.path.insert(0, src)

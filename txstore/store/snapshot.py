@@ -523,18 +523,10 @@ class Snapshot(Sequence[Sample]):
     def __getitem__(self, index: int | slice) -> Sample | list[Sample]:
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
-        n = len(self)
-        if index < 0:
-            index += n
-        if not 0 <= index < n:
-            raise IndexError(f"sample index out of range for a snapshot of {n} samples")
-        seg_no = bisect_right(self._segment_starts, index) - 1
-        segment = self._segment(seg_no)
-        local = index - self._segment_starts[seg_no]
-        chunk_no = bisect_right(segment.starts, local) - 1
+        chunk, local = self._locate(index, len(self))
         return self._reader.sample(
-            segment.chunks[chunk_no],
-            local - segment.starts[chunk_no],
+            chunk,
+            local,
             self.version,
             self._fields,
             self.is_zero_copy,
@@ -609,19 +601,23 @@ class Snapshot(Sequence[Sample]):
         table = arrow.table_of(names, [arrow.py_array(rows[name], name) for name in names])
         return arrow.cast(table, schema)
 
+    def _locate(self, index: int, n: int) -> tuple[ChunkRef, int]:
+        """The chunk holding sample ``index`` (negative: from the end) and its place there."""
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError(f"sample index out of range for a snapshot of {n} samples")
+        seg_no = bisect_right(self._segment_starts, index) - 1
+        segment = self._segment(seg_no)
+        local = index - self._segment_starts[seg_no]
+        chunk_no = bisect_right(segment.starts, local) - 1
+        return segment.chunks[chunk_no], local - segment.starts[chunk_no]
+
     def _locate_many(self, indices: list[int], n: int) -> Iterator[tuple[ChunkRef, int]]:
         for index in indices:
             if isinstance(index, bool) or not isinstance(index, int):
                 index = operator.index(index)
-            if index < 0:
-                index += n
-            if not 0 <= index < n:
-                raise IndexError(f"sample index out of range for a snapshot of {n} samples")
-            seg_no = bisect_right(self._segment_starts, index) - 1
-            segment = self._segment(seg_no)
-            local = index - self._segment_starts[seg_no]
-            chunk_no = bisect_right(segment.starts, local) - 1
-            yield segment.chunks[chunk_no], local - segment.starts[chunk_no]
+            yield self._locate(index, n)
 
     def iter_chunks(self, chunks: Sequence[ChunkRef]) -> Iterator[Sample]:
         """The samples of ``chunks`` in order, reading the next chunk while decoding one."""

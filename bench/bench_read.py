@@ -45,7 +45,7 @@ from txbench.system import (
     dataset_files,
     default_workdir,
     drop_page_cache,
-    freeze_txstore,
+    frozen_txstore,
     fsync_tree,
     machine_info,
     print_machine,
@@ -1100,14 +1100,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = child_main(Task.from_json(args.child))
         Path(args.result).write_text(json.dumps(result))
         return 0
-    src = Path(tempfile.mkdtemp(prefix="bench-read-src-", dir=args.workdir))
-    try:
-        digest = freeze_txstore(src)
-        os.environ[TXSTORE_SRC_ENV] = str(src)
-        use_frozen_txstore(str(src))
+    with frozen_txstore(args.workdir, "bench-read-src-") as digest:
         run_bench(args, digest)
-    finally:
-        shutil.rmtree(src, ignore_errors=True)
     return 0
 
 

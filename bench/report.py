@@ -734,7 +734,7 @@ def _remote_cell(task: str, r: Row | None) -> str:
     if r is None:
         return "-"
     if "error" in r:
-        return "error"
+        return f"failed: {r.get('reason', 'see the JSON')}"
     if task == "open":
         return f"{r['seconds']:.2f} s, {r['requests']} req ({r['round_trips']} seq.)"
     if task == "ra":

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from txbench.system import free_port, process_cpu_s, stop
+
 _READ = 256 * 1024
 _MAX_HEAD = 64 * 1024
 
@@ -213,12 +215,6 @@ class ShapingProxy:
             await writer.drain()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Shaper:
     """The proxy in a child process: ``endpoint`` for clients, ``stats()``/``reset()``."""
 
@@ -229,7 +225,7 @@ class Shaper:
         conn_mbps: float = 100.0,
         total_mbps: float = 0.0,
     ) -> None:
-        self.port, self.control_port = _free_port(), _free_port()
+        self.port, self.control_port = free_port(), free_port()
         host, _, port = upstream.removeprefix("http://").partition(":")
         here = Path(__file__).resolve().parent.parent
         self.settings = {"latency_ms": latency_ms, "conn_mbps": conn_mbps, "total_mbps": total_mbps}
@@ -272,16 +268,10 @@ class Shaper:
         return self._ask("reset")
 
     def cpu_s(self) -> float:
-        """The proxy process's CPU time so far (user + system)."""
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return process_cpu_s(self.proc.pid)
 
     def close(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        stop(self.proc)
 
 
 def main() -> None:

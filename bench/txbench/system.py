@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import hashlib
 import importlib.metadata
 import os
 import platform
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -235,3 +237,40 @@ def use_frozen_txstore(src: str) -> None:
         f for f in sys.meta_path if not getattr(f, "__module__", "").startswith("__editable__")
     ]
     sys.path.insert(0, src)
+
+
+@contextlib.contextmanager
+def frozen_txstore(workdir: Path, prefix: str) -> Iterator[str]:
+    """For the length of the block, this process and its children (through
+    ``TXSTORE_SRC_ENV``) import a copy of txstore made now; yields the copy's digest."""
+    src = Path(tempfile.mkdtemp(prefix=prefix, dir=workdir))
+    try:
+        digest = freeze_txstore(src)
+        os.environ[TXSTORE_SRC_ENV] = str(src)
+        use_frozen_txstore(str(src))
+        yield digest
+    finally:
+        shutil.rmtree(src, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def process_cpu_s(pid: int) -> float:
+    """A process's CPU time so far (user + system), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()

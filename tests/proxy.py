@@ -36,6 +36,7 @@ class Request:
     number: int  # 1, 2, ... in arrival order since the last reset
     method: str
     path: str
+    range: str = ""  # the Range header, if any
 
 
 @dataclass
@@ -127,6 +128,8 @@ class Proxy:
     upstream: tuple[str, int]
     rules: list[Rule] = field(default_factory=list)
     seen: list[Request] = field(default_factory=list)
+    #: (method, path, body bytes) of each reply passed on to the client, in order.
+    replied: list[tuple[str, str, int]] = field(default_factory=list)
     strip: frozenset[str] = frozenset()  # request headers removed before forwarding
 
     def __post_init__(self) -> None:
@@ -148,6 +151,7 @@ class Proxy:
         with self._lock:
             self.rules = list(rules)
             self.seen = []
+            self.replied = []
 
     def disarm(self) -> None:
         """No more faults; what was seen stays readable."""
@@ -176,9 +180,9 @@ class Proxy:
             for target in (self._requests, self._replies):
                 threading.Thread(target=target, args=(client, server, fates), daemon=True).start()
 
-    def _fate(self, method: str, path: str) -> Rule | _Release | None:
+    def _fate(self, method: str, path: str, span: str = "") -> Rule | _Release | None:
         with self._lock:
-            request = Request(len(self.seen) + 1, method, path)
+            request = Request(len(self.seen) + 1, method, path, span)
             self.seen.append(request)
             for rule in self.rules:
                 reads = method in ("GET", "HEAD")
@@ -197,13 +201,13 @@ class Proxy:
             while (message := reader.head()) is not None:
                 raw, first, headers = message
                 method, path, _ = first.split(" ", 2)
-                fate = self._fate(method, path)
+                fate = self._fate(method, path, headers.get("range", ""))
                 if isinstance(fate, Rule) and fate.action == "late":
                     self._hold(fate, client, reader, message, path)
                     continue  # no answer comes: the client times out
                 if isinstance(fate, Rule) and fate.action == "lose":
                     return  # the server never hears of it
-                fates.put((method, fate))  # before the server can answer
+                fates.put((method, path, fate))  # before the server can answer
                 # The head goes first: with "Expect: 100-continue" the client sends its body
                 # only after the server's interim reply.
                 server.sendall(_without(raw, self.strip) if self.strip else raw)
@@ -248,7 +252,7 @@ class Proxy:
                 if status < 200:  # 100 Continue: an interim reply, not the answer
                     client.sendall(raw)
                     continue
-                method, rule = fates.get(timeout=_IO_TIMEOUT)
+                method, path, rule = fates.get(timeout=_IO_TIMEOUT)
                 no_body = method == "HEAD" or status in (204, 304)
                 body = reader.body(headers, has_body=not no_body)
                 if isinstance(rule, _Release):  # the write lands before the client hears
@@ -258,6 +262,8 @@ class Proxy:
                 elif rule is not None and rule.action == "delay":
                     time.sleep(rule.delay)  # bounded: the rule's delay, once per reply
                 client.sendall(raw + body)
+                with self._lock:
+                    self.replied.append((method, path, len(body)))
         except (OSError, queue.Empty):
             pass
         finally:

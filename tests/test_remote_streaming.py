@@ -13,7 +13,7 @@ import txstore
 from txstore.store.cache import PART_SIZE, ChunkCache, part_ranges
 
 from .conftest import S3Server
-from .proxy import Proxy
+from .proxy import Proxy, Rule
 
 pytest.importorskip("torch")
 
@@ -150,3 +150,36 @@ def test_zero_copy_views_keep_no_evicted_cache_file_mapped(
     with open("/proc/self/maps") as f:
         mapped = [line for line in f if str(cache) in line]
     assert mapped == [], mapped[:3]
+
+
+def _slow(proxy: Proxy) -> None:
+    """Every reply held a little, so that requests sent together overlap clearly."""
+    proxy.reset(Rule(lambda r: True, "delay", times=10**6, delay=0.05))
+
+
+def test_opening_a_dataset_waits_three_round_trips(s3_server: S3Server, proxy: Proxy) -> None:
+    """HEAD; the manifest it names with a probe of the next version; every segment."""
+    uri, store = _store(s3_server, 400, 10, chunk_bytes=4096)
+    for _ in range(3):  # several segments
+        store.append({"id": 0, "pad": b""} for _ in range(10))
+    assert len(store.snapshot().manifest.segments) >= 2
+    _slow(proxy)
+    ds = StreamingDataset(uri, storage_options=_options(s3_server, proxy))
+    assert len(ds) == 430
+    assert proxy.round_trips() == 3, [(r.method, r.path) for r in proxy.seen]
+
+
+def test_a_store_opened_again_finds_its_latest_version_in_one_round_trip(
+    s3_server: S3Server, proxy: Proxy
+) -> None:
+    uri, store = _store(s3_server, 10, 10, chunk_bytes=4096)
+    reader = txstore.open(uri, storage_options=_options(s3_server, proxy))
+    assert reader.snapshot().version == 1
+    _slow(proxy)
+    assert reader.version == 1  # nothing new: HEAD and the next manifest, together
+    assert proxy.round_trips() == 1
+    for _ in range(3):
+        store.append([{"id": 1, "pad": b""}])
+    proxy.reset()
+    assert reader.snapshot().version == 4  # later commits are found
+    assert [s["id"] for s in reader.snapshot()][-3:] == [1, 1, 1]

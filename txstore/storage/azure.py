@@ -126,6 +126,19 @@ class AzureStorage(Storage):
         makes = [partial(self._read_range, key, start, end) for start, end in ranges]
         return run_all(self._fs.loop, makes, self.max_in_flight)
 
+    async def _read_or_none(self, key: str) -> bytes | None:
+        try:
+            return (await self._get(key))[0]
+        except Exception as e:
+            error = self._fail("read", key, e)
+            if isinstance(error, NotFoundError):
+                return None
+            raise error from e
+
+    def read_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        makes = [partial(self._read_or_none, key) for key in keys]
+        return run_all(self._fs.loop, makes, self.max_in_flight)
+
     def _upload(self, key: str, data: bytes, **condition: Any) -> None:
         blob = self._container.get_blob_client(self._name(key))
         options = dict(self._per_request, **condition)

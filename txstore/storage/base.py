@@ -72,6 +72,18 @@ class Storage(ABC):
     def read(self, key: str) -> bytes:
         """The whole object."""
 
+    def read_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        """``read`` of each key, None for a missing one, in order. A backend whose reads are
+        round trips sends them together (as ``read_ranges``): opening a store reads its
+        manifest and probes the next version in one round trip, its segments in one more."""
+        found: list[bytes | None] = []
+        for key in keys:
+            try:
+                found.append(self.read(key))
+            except NotFoundError:
+                found.append(None)
+        return found
+
     def read_buffer(self, key: str) -> bytes | memoryview:
         """The whole object, as ``read``; where a backend can, a read-only view of a mapped
         file instead: no copy, no fresh memory. Only for objects never rewritten (chunks)."""

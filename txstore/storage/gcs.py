@@ -111,6 +111,20 @@ class GcsStorage(Storage):
         makes = [partial(self._read_range, key, start, end) for start, end in ranges]
         return run_all(self._fs.loop, makes, self.max_in_flight)
 
+    async def _read_or_none(self, key: str) -> bytes | None:
+        try:
+            found: tuple[Any, bytes] = await self._fs._call("GET", self._media(key))
+        except Exception as e:
+            error = self._fail("read", key, e)
+            if isinstance(error, NotFoundError):
+                return None
+            raise error from e
+        return found[1]
+
+    def read_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        makes = [partial(self._read_or_none, key) for key in keys]
+        return run_all(self._fs.loop, makes, self.max_in_flight)
+
     def write(self, key: str, data: Data) -> None:
         try:
             # gcsfs: one multipart upload for small objects, a resumable one for large ones.

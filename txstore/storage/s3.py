@@ -63,21 +63,31 @@ class S3Storage(Storage):
             return NotFoundError(f"{self.uri}/{key} does not exist")
         return StorageError(f"cannot {action} {self.uri}/{key}: {exc}")
 
-    def _get(self, key: str) -> tuple[bytes, str]:
+    async def _aget(self, key: str) -> tuple[bytes, str]:
         """One GetObject: the object and its ETag. (s3fs's ``cat_file`` of a whole object
         sends a HEAD first: a second round trip for every manifest, segment and chunk.)"""
-        fs, bucket, object_key = self._fs, self._bucket, self._object_key(key)
-
-        async def get() -> tuple[bytes, str]:
-            response = await fs._call_s3("get_object", Bucket=bucket, Key=object_key)
+        try:
+            response = await self._fs._call_s3(
+                "get_object", Bucket=self._bucket, Key=self._object_key(key)
+            )
             async with response["Body"] as stream:
                 data: bytes = await stream.read()
-            return data, str(response["ETag"])
-
-        try:
-            return run(fs.loop, get)
         except Exception as e:
             raise self._fail("read", key, e) from e
+        return data, str(response["ETag"])
+
+    def _get(self, key: str) -> tuple[bytes, str]:
+        return run(self._fs.loop, lambda: self._aget(key))
+
+    async def _read_or_none(self, key: str) -> bytes | None:
+        try:
+            return (await self._aget(key))[0]
+        except NotFoundError:
+            return None
+
+    def read_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        makes = [partial(self._read_or_none, key) for key in keys]
+        return run_all(self._fs.loop, makes, self.max_in_flight)
 
     def read(self, key: str) -> bytes:
         return self._get(key)[0]

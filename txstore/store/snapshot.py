@@ -508,6 +508,8 @@ class Snapshot(Sequence[Sample]):
     def chunk_refs(self) -> list[ChunkRef]:
         """Every chunk of this version as the format records it (for txstore's own layers:
         it changes with the format)."""
+        if len(self._loaded) < len(self.manifest.segments):
+            self._segments.preload(self.manifest.segments, version=self.version)
         return [c for i in range(len(self.manifest.segments)) for c in self._segment(i).chunks]
 
     @property

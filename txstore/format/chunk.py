@@ -367,6 +367,25 @@ def decode_value(
         raise UnsupportedFormatError(f"{layout.where}: {e}") from e
 
 
+def frame_presence(
+    buf: FileBytes, frame: FrameIndex, n: int, layout: ChunkLayout
+) -> list[bool]:
+    """Which of a frame's ``n`` values are present (not ABSENT), from its offset table alone:
+    no value is decoded. A frame not flagged sparse holds no ABSENT marker."""
+    if not frame.flags & FLAG_SPARSE:
+        return [True] * n
+    raw = _frame_raw(buf, 0, frame, layout)
+    table = len(raw) - 4 * n
+    if table < 1:
+        raise CorruptError(f"{layout.where}: the frame at {frame.offset} is too short")
+    starts = [*struct.unpack_from(f"<{n}I", raw, table), table]
+    marker, width = ABSENT_BYTES, len(ABSENT_BYTES)
+    return [
+        not (starts[k + 1] - starts[k] == width and raw[starts[k] : starts[k + 1]] == marker)
+        for k in range(n)
+    ]
+
+
 def select_frames(
     layout: ChunkLayout, block: int, fields: frozenset[str] | None
 ) -> Sequence[FrameIndex]:

@@ -108,7 +108,10 @@ def test_field_added_twice_and_samples_with_different_keys(backend: Backend) -> 
     store = txstore.create(backend.uri, chunk_bytes=4096, block_bytes=512, **backend.kwargs())
     store.append(({"id": i, "text": "x"} if i % 3 else {"id": i}) for i in range(400))
     store.add_fields(lambda s: {"len": len(s.get("text", ""))} if s["id"] % 2 else {}, ["len"])
-    store.add_fields(lambda s: {"len": -s["id"]}, ["len"])  # again: replaces the first
+    with pytest.raises(txstore.FieldExistsError, match="replace=True"):
+        store.add_fields(lambda s: {"len": 0}, ["len"])
+    assert store.version == 2
+    store.add_fields(lambda s: {"len": -s["id"]}, ["len"], replace=True)  # replaces the first
     snap = store.snapshot()
     for i, sample in enumerate(snap):
         assert sample["len"] == -i

@@ -437,4 +437,18 @@ def _batches(items: Iterator[Any], position: int) -> Iterator[ColumnBatch]:
             yield batch
 
 
-__all__ = ["ColumnBatch", "Encoded", "as_columns", "peek_columns"]
+
+
+def decoded(column: Encoded) -> list[Any]:
+    """A column's values as the format reads them back (an Arrow column's as if appended)."""
+    from .values import ValueDecoder
+
+    decoder = ValueDecoder()
+    data, offsets = column.data, column.offsets
+    return [
+        decoder.decode(data[int(offsets[i]) : int(offsets[i + 1])].tobytes())
+        for i in range(len(column))
+    ]
+
+
+__all__ = ["ColumnBatch", "Encoded", "as_columns", "decoded", "peek_columns"]

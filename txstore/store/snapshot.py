@@ -86,6 +86,11 @@ def _fetching(storage: Storage, path: str, start: int, end: int, what: str) -> N
 MISSING_ERROR, MISSING_SKIP = "error", "skip"
 
 
+#: For the Arrow reads, which give a null where a sample lacks a field: no check but that
+#: some sample has each field.
+_NULLS = object()
+
+
 def _is(how: Any, word: str) -> bool:
     # A fill value may be an array, whose == is elementwise.
     return isinstance(how, str) and how == word
@@ -298,11 +303,12 @@ class ChunkReader:
         return Ranges(pieces)
 
     def presence(
-        self, chunk: ChunkRef, version: int, fields: frozenset[str] | None
+        self, chunk: ChunkRef, version: int, fields: frozenset[str] | None, exact: bool = True
     ) -> dict[str, Runs]:
         """Each field of ``chunk`` (``fields``: only those) with the runs of the chunk's
         samples that have it. From the footers, and the offset tables of the frames flagged
-        sparse (no value is decoded; only those frames are read)."""
+        sparse (no value is decoded; only those frames are read). Not ``exact``: from the
+        footers alone, a block with a sparse frame counted whole."""
         runs: dict[str, Runs] = {}
         for src in chunk_files(chunk):
             layout = self.layout(src, version)
@@ -319,7 +325,7 @@ class ChunkReader:
                 (f.offset, f.offset + f.length)
                 for block in blocks
                 for f in block.frames
-                if f.column in visible and f.flags & FLAG_SPARSE
+                if exact and f.column in visible and f.flags & FLAG_SPARSE
             ]
             buf = self._read_spans(src, sparse, version, "sparse frames") if sparse else None
             for number, block in enumerate(blocks):
@@ -519,6 +525,10 @@ class Snapshot(Sequence[Sample]):
         rule = self._check_fields(wanted, missing)
         return self._view(wanted, self.is_zero_copy, rule)
 
+    def _nullable(self, fields: Iterable[str]) -> Snapshot:
+        """``select`` for the Arrow reads, which give nulls where samples lack a field."""
+        return self.select(fields, missing=_NULLS)
+
     #: Chunk footers read at once to find the fields asked for (remote reads wait on I/O).
     _FOOTER_READS = 16
 
@@ -529,11 +539,14 @@ class Snapshot(Sequence[Sample]):
         if not wanted or not len(self):
             return None  # none asked for, or no sample to have one
         chunks = self.chunk_refs()
-        coverage = self._coverage(chunks, wanted)
+        exact = missing is not _NULLS
+        coverage = self._coverage(chunks, wanted, exact)
         absent = sorted(wanted - set(coverage))
         if absent:
-            known = set(self._coverage(chunks, None))
+            known = set(self._coverage(chunks, None, exact=False))
             raise FieldNotFoundError(self._no_such_fields(absent, known))
+        if not exact:
+            return None
         n = len(self)
         partial = {name: runs for name, runs in coverage.items() if runs != [(0, n)]}
         if not partial:
@@ -555,14 +568,16 @@ class Snapshot(Sequence[Sample]):
             )
         return Missing(missing, frozenset(partial))
 
-    def _coverage(self, chunks: Sequence[ChunkRef], fields: frozenset[str] | None) -> dict[str, Runs]:
+    def _coverage(
+        self, chunks: Sequence[ChunkRef], fields: frozenset[str] | None, exact: bool = True
+    ) -> dict[str, Runs]:
         """Each field (``fields``: only those) with the runs of samples that have it: the
         chunks' footers, and their sparse frames, read in parallel."""
         starts = list(accumulate((c.num_samples for c in chunks), initial=0))
         version = self.version
 
         def one(chunk: ChunkRef) -> dict[str, Runs]:
-            return self._reader.presence(chunk, version, fields)
+            return self._reader.presence(chunk, version, fields, exact)
 
         out: dict[str, Runs] = {}
         with ThreadPoolExecutor(self._FOOTER_READS, thread_name_prefix="txstore-fields") as pool:
@@ -707,7 +722,7 @@ class Snapshot(Sequence[Sample]):
 
     def _tables(self, fields: Iterable[str] | None) -> Iterator[Any]:
         """A ``pyarrow.Table`` per chunk, reading the next chunk while converting one."""
-        view = self if fields is None else self.select(fields)
+        view = self if fields is None else self._nullable(fields)
         chunks = view.chunk_refs()
         reader, version, wanted = view._reader, view.version, view._fields
         if not chunks:
@@ -756,7 +771,7 @@ class Snapshot(Sequence[Sample]):
         ``fields``."""
         from ..format import arrow
 
-        view = self if fields is None else self.select(fields)
+        view = self if fields is None else self._nullable(fields)
         wanted = list(indices)
         n = len(self)
         rows: dict[str, list[Any]] = {}

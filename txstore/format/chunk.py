@@ -367,9 +367,7 @@ def decode_value(
         raise UnsupportedFormatError(f"{layout.where}: {e}") from e
 
 
-def frame_presence(
-    buf: FileBytes, frame: FrameIndex, n: int, layout: ChunkLayout
-) -> list[bool]:
+def frame_presence(buf: FileBytes, frame: FrameIndex, n: int, layout: ChunkLayout) -> list[bool]:
     """Which of a frame's ``n`` values are present (not ABSENT), from its offset table alone:
     no value is decoded. A frame not flagged sparse holds no ABSENT marker."""
     if not frame.flags & FLAG_SPARSE:

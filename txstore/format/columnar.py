@@ -437,8 +437,6 @@ def _batches(items: Iterator[Any], position: int) -> Iterator[ColumnBatch]:
             yield batch
 
 
-
-
 def decoded(column: Encoded) -> list[Any]:
     """A column's values as the format reads them back (an Arrow column's as if appended)."""
     from .values import ValueDecoder
@@ -451,4 +449,17 @@ def decoded(column: Encoded) -> list[Any]:
     ]
 
 
-__all__ = ["ColumnBatch", "Encoded", "as_columns", "decoded", "peek_columns"]
+def column_rows(column: Any) -> list[Any] | None:
+    """A column's values, one per row: a list or tuple as it is, a numpy array's rows as
+    copies (its caller may reuse the buffer) and its scalars as Python values; None for
+    anything else."""
+    if isinstance(column, np.ndarray):
+        if column.ndim == 1 and column.dtype.kind in "biuf":
+            return column.tolist()
+        return [np.array(row) if isinstance(row, np.ndarray) else row for row in column]
+    if isinstance(column, list | tuple):
+        return list(column)
+    return None
+
+
+__all__ = ["ColumnBatch", "Encoded", "as_columns", "column_rows", "decoded", "peek_columns"]

@@ -18,8 +18,6 @@ from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from ..errors import (
     ConflictError,
     EncodeError,
@@ -39,7 +37,6 @@ from .forkpool import fork_pool, job
 from .history import Commit
 from .progress import QUIET, Progress, Stage
 from .snapshot import ChunkReader, Runs, Sample, Snapshot
-
 
 _MAX_ROUNDS = 20  # rounds of catching up with concurrent appends before giving up
 
@@ -102,12 +99,8 @@ def _as_columns(samples: list[Sample], job: FieldJob) -> tuple[list[str], list[l
 def _rows(column: Any, name: str, n: int, where: str) -> list[Any]:
     """A returned column as one value per sample (a numpy array's rows copied: the caller
     may reuse its buffer for the next batch)."""
-    if isinstance(column, np.ndarray):
-        rows = [np.array(row) if isinstance(row, np.ndarray) else row for row in column]
-        rows = [row.item() if isinstance(row, np.generic) else row for row in rows]
-    elif isinstance(column, list | tuple):
-        rows = list(column)
-    else:
+    rows = columnar.column_rows(column)
+    if rows is None:
         raise EncodeError(
             f"{where}: field {name!r} came back as a {type(column).__name__}; give a list or "
             "an array of one value per sample"
@@ -322,8 +315,10 @@ def _check_job(
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, not {batch_size!r}")
         if batched:
-            raise ValueError("batched=True gives fn a block's list of samples; batch_size a "
-                             "dict of lists: choose one")
+            raise ValueError(
+                "batched=True gives fn a block's list of samples; batch_size a "
+                "dict of lists: choose one"
+            )
     if batch_format not in BATCH_FORMATS:
         raise ValueError(f"batch_format must be one of {BATCH_FORMATS}, not {batch_format!r}")
     if batch_format != "dict" and batch_size is None:

@@ -39,6 +39,8 @@ from ..format.codec import chunk_digest, crc32
 from ..format.manifest import ChunkFile, ChunkRef, Manifest, base_file, chunk_files
 from ..format.values import ABSENT, ValueDecoder
 from ..storage import Storage, open_storage
+from ..txn.log import VersionLog
+from ..txn.rules import sample_origins
 from .lease import Lease, lease_version
 from .segments import Segments
 from .views import ChunkInfo, Config, FieldSchema, Schema
@@ -60,6 +62,30 @@ def _add_run(runs: Runs, start: int, stop: int) -> None:
         runs[-1] = (runs[-1][0], stop)
     else:
         runs.append((start, stop))
+
+
+def _by_version(
+    runs: Runs, origins: list[tuple[int, int, int | None]]
+) -> tuple[tuple[tuple[int, int], ...], tuple[int, ...]]:
+    """The appending versions whose samples all have a field (as ranges of consecutive
+    ones, in sample order), and those only some of whose samples do."""
+    whole: list[tuple[int, int]] = []
+    partly: list[int] = []
+    previous_whole = False
+    for start, stop, version in origins:
+        have = sum(max(0, min(stop, b) - max(start, a)) for a, b in runs)
+        if version is None or have == 0:
+            previous_whole = False
+            continue
+        if have < stop - start:
+            partly.append(version)
+            previous_whole = False
+        elif previous_whole:
+            whole[-1] = (whole[-1][0], version)
+        else:
+            whole.append((version, version))
+            previous_whole = True
+    return tuple(whole), tuple(partly)
 
 
 def type_name(value: Any) -> str:
@@ -560,7 +586,7 @@ class Snapshot(Sequence[Sample]):
                 f"{field.missing:,} of the {n:,} samples of version {self.version} of "
                 f"{self.uri} lack the field {name!r} (the first: "
                 f"{', '.join(map(str, first))}{', ...' if field.missing > len(first) else ''}"
-                f"); say what to do with them (missing=\"skip\", or a value to fill in), or "
+                f'); say what to do with them (missing="skip", or a value to fill in), or '
                 f"give them the field (add_fields(..., missing_only=True))",
                 field=name,
                 count=field.missing,
@@ -597,6 +623,8 @@ class Snapshot(Sequence[Sample]):
         chunks = self.chunk_refs()
         wanted = self._fields
         coverage = self._coverage(chunks, wanted) if len(self) else {}
+        log = VersionLog(self._storage)
+        origins = sample_origins(self.manifest, log.read)
         fields = []
         for name in sorted(coverage):
             runs = coverage[name]
@@ -607,8 +635,9 @@ class Snapshot(Sequence[Sample]):
                 chunk, local = self._locate(first, len(self))
                 value = self._reader.sample(chunk, local, self.version, frozenset({name}))
                 kind = type_name(value.get(name))
-            fields.append(FieldSchema(name, kind, count, len(self), tuple(runs)))
-        return Schema(self.version, len(self), tuple(fields))
+            whole, partly = _by_version(runs, origins)
+            fields.append(FieldSchema(name, kind, count, len(self), tuple(runs), whole, partly))
+        return Schema(self.version, len(self), tuple(fields), tuple(origins))
 
     def _no_such_fields(self, missing: list[str], known: set[str]) -> str:
         """What to say of fields no sample has: each with its close matches, then the known
@@ -814,9 +843,7 @@ class Snapshot(Sequence[Sample]):
                 fetched = ahead.result()
                 if i + 1 < len(chunks):
                     ahead = pool.submit(reader.fetch, chunks[i + 1], version, fields)
-                yield from self.handle_missing(
-                    reader.samples(fetched, chunk, version, views=views)
-                )
+                yield from self.handle_missing(reader.samples(fetched, chunk, version, views=views))
 
 
 def _rebuild(

@@ -72,6 +72,11 @@ class FieldSchema:
     total: int  #: how many samples the version has
     #: The runs of samples [start, stop) that have it, in order, merged where they touch.
     ranges: tuple[tuple[int, int], ...]
+    #: The versions whose appended samples all have it, as ranges [first, last] of the
+    #: appending versions in sample order (``Schema.origins``).
+    versions: tuple[tuple[int, int], ...] = ()
+    #: Appending versions only some of whose samples have it.
+    partly: tuple[int, ...] = ()
 
     @property
     def missing(self) -> int:
@@ -102,6 +107,8 @@ class FieldSchema:
             "count": self.count,
             "missing": self.missing,
             "ranges": [list(r) for r in self.ranges],
+            "versions": [list(r) for r in self.versions],
+            "partly": list(self.partly),
         }
 
 
@@ -112,6 +119,9 @@ class Schema:
     version: int
     num_samples: int
     fields: tuple[FieldSchema, ...]
+    #: The runs of samples [start, stop) with the version that appended them (None where the
+    #: history is expired and gone), in sample order.
+    origins: tuple[tuple[int, int, int | None], ...] = ()
 
     def __getitem__(self, name: str) -> FieldSchema:
         for field in self.fields:
@@ -140,4 +150,5 @@ class Schema:
             "version": self.version,
             "samples": self.num_samples,
             "fields": [field.to_dict() for field in self.fields],
+            "origins": [list(r) for r in self.origins],
         }

@@ -455,7 +455,8 @@ def column_rows(column: Any) -> list[Any] | None:
     anything else."""
     if isinstance(column, np.ndarray):
         if column.ndim == 1 and column.dtype.kind in "biuf":
-            return column.tolist()
+            values: list[Any] = column.tolist()
+            return values
         return [np.array(row) if isinstance(row, np.ndarray) else row for row in column]
     if isinstance(column, list | tuple):
         return list(column)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -288,7 +289,7 @@ def test_missing_only_after_compaction_keeps_what_samples_have(tmp_path: Path) -
     for chunk in snap.chunks():
         starts.append(starts[-1] + chunk.num_samples)
     # A compacted chunk holds samples with the field and samples without it.
-    assert any(a < 300 < b for a, b in zip(starts, starts[1:], strict=False)), starts
+    assert any(a < 300 < b for a, b in itertools.pairwise(starts)), starts
     calls: list[int] = []
 
     def latent(sample: dict[str, Any]) -> dict[str, Any]:

@@ -480,6 +480,58 @@ def decode_blocks(
             yield [row]
 
 
+def decode_columns(
+    parts: list[tuple[ChunkLayout, FileBytes, frozenset[str] | None]],
+    decoder: ValueDecoder,
+    checked: Sequence[bool] = (),
+) -> dict[str, list[Any]]:
+    """Each kept column of a chunk's sources (as for ``decode_blocks``) as one list of its
+    values in sample order, None where a sample lacks it: a column at a time, with no dict
+    per sample, for a reader that wants columns."""
+    total = parts[0][0].block_starts[-1]
+    out: dict[str, list[Any]] = {}
+    for number, (layout, buf, keep) in enumerate(parts):
+        check = None if number < len(checked) and checked[number] else layout.check
+        whole = None if isinstance(buf, Ranges) else memoryview(buf)
+        names, where = layout.columns, layout.where
+        for block_number, block in enumerate(layout.footer.blocks):
+            n, low = block.num_samples, layout.block_starts[block_number]
+            for frame in block.frames:
+                name = names[frame.column]
+                if keep is not None and name not in keep:
+                    continue
+                offset, length = frame.offset, frame.length
+                if whole is not None:
+                    stored = whole[offset : offset + length]
+                else:
+                    assert isinstance(buf, Ranges)
+                    stored = buf.view(offset, length)
+                if len(stored) != length:
+                    raise CorruptError(f"{where}: truncated frame at offset {offset}")
+                raw = open_frame(
+                    stored, frame.codec, frame.raw_length, frame.checksum, check, where
+                )
+                table = len(raw) - 4 * n
+                try:
+                    if frame.flags & FLAG_SPARSE:
+                        values = [
+                            None if v is ABSENT else v for v in decoder.decode_sparse(raw[:table])
+                        ]
+                    else:
+                        values = decoder.decode_list_plain(raw[:table])
+                except (msgspec.DecodeError, CorruptError) as e:
+                    raise CorruptError(f"{where}: bad frame at offset {offset}: {e}") from e
+                except UnsupportedFormatError as e:
+                    raise UnsupportedFormatError(f"{where}: {e}") from e
+                if type(values) is not list or len(values) != n:
+                    raise CorruptError(_miscounted(where, offset, values, n))
+                column = out.get(name)
+                if column is None:
+                    column = out[name] = [None] * total
+                column[low : low + n] = values
+    return out
+
+
 def _miscounted(where: str, offset: int, values: Any, n: int) -> str:
     held = f"{len(values)} values" if type(values) is list else "no list of values"
     return f"{where}: the frame at offset {offset} holds {held}, its block {n} samples"

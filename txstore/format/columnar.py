@@ -52,6 +52,31 @@ class ColumnBatch:
     columns: tuple[Encoded, ...]
     num_rows: int
 
+    def rows(self, start: int, stop: int) -> ColumnBatch:
+        """Rows [start, stop) of the batch (views of its bytes)."""
+        columns = []
+        for column in self.columns:
+            offsets = column.offsets[start : stop + 1]
+            columns.append(Encoded(column.data[offsets[0] : offsets[-1]], offsets - offsets[0]))
+        return ColumnBatch(self.names, tuple(columns), stop - start)
+
+    @staticmethod
+    def concat(batches: Sequence[ColumnBatch]) -> ColumnBatch:
+        """Batches of the same columns, one after the other."""
+        if len(batches) == 1:
+            return batches[0]
+        names = batches[0].names
+        columns = []
+        for k in range(len(names)):
+            parts = [b.columns[k] for b in batches]
+            data = np.concatenate([p.data[p.offsets[0] : p.offsets[-1]] for p in parts])
+            offsets, base = [np.zeros(1, dtype=np.int64)], 0
+            for p in parts:
+                offsets.append(p.offsets[1:] - p.offsets[0] + base)
+                base += int(p.offsets[-1] - p.offsets[0])
+            columns.append(Encoded(data, np.concatenate(offsets)))
+        return ColumnBatch(names, tuple(columns), sum(b.num_rows for b in batches))
+
     def row_ends(self) -> np.ndarray[Any, Any]:
         """The running total of the rows' encoded sizes (``num_rows + 1`` values)."""
         total = np.zeros(self.num_rows + 1, dtype=np.int64)
@@ -449,6 +474,17 @@ def decoded(column: Encoded) -> list[Any]:
     ]
 
 
+def plain_ints(values: list[Any]) -> np.ndarray[Any, Any] | None:
+    """A list of Python ints that fit in 64 bits as an int64 array (encoded a column at a
+    time, reading back as the same ints); None for any other list."""
+    if not values or not all(type(v) is int for v in values):
+        return None
+    try:
+        return np.array(values, dtype=np.int64)
+    except OverflowError:
+        return None
+
+
 def column_rows(column: Any) -> list[Any] | None:
     """A column's values, one per row: a list or tuple as it is, a numpy array's rows as
     copies (its caller may reuse the buffer) and its scalars as Python values; None for
@@ -463,4 +499,12 @@ def column_rows(column: Any) -> list[Any] | None:
     return None
 
 
-__all__ = ["ColumnBatch", "Encoded", "as_columns", "column_rows", "decoded", "peek_columns"]
+__all__ = [
+    "ColumnBatch",
+    "Encoded",
+    "as_columns",
+    "column_rows",
+    "decoded",
+    "peek_columns",
+    "plain_ints",
+]

@@ -20,6 +20,7 @@ from typing import Any
 
 from ..errors import (
     ConflictError,
+    CorruptError,
     EncodeError,
     FieldExistsError,
     FieldNotFoundError,
@@ -28,6 +29,7 @@ from ..errors import (
 from ..format import columnar
 from ..format import manifest as fmt
 from ..format.builder import ChunkBuilder
+from ..format.chunk import decode_columns
 from ..format.codec import FrameCompressor
 from ..format.manifest import ChunkRef, FieldFile, Manifest, StoreConfig, chunk_files
 from ..storage import Storage, open_storage
@@ -36,7 +38,7 @@ from .context import StoreContext
 from .forkpool import fork_pool, job
 from .history import Commit
 from .progress import QUIET, Progress, Stage
-from .snapshot import ChunkReader, Runs, Sample, Snapshot
+from .snapshot import ChunkReader, Fetched, Runs, Sample, Snapshot
 
 _MAX_ROUNDS = 20  # rounds of catching up with concurrent appends before giving up
 
@@ -165,6 +167,25 @@ def compute_field_file(
     read = None if job.inputs is None else job.inputs | (names if keeps else frozenset())
     fetched = reader.fetch(chunk, version, read)
     base = reader.layout(chunk_files(chunk)[0], version)
+    builder = ChunkBuilder(
+        block_bytes=2**62, compressor=FrameCompressor(config.compression, config.compression_level)
+    )
+    starts = base.block_starts
+    if job.batch_size is not None and not keeps:
+        pieces = _batch_columns(reader, fetched, chunk, fn, job, first)
+        if len({piece.names for piece in pieces}) == 1:
+            columns = columnar.ColumnBatch.concat(pieces)
+            for number in range(len(starts) - 1):  # the same block boundaries as the chunk
+                block = columns.rows(starts[number], starts[number + 1])
+                builder.add_columns(block, 0, first + starts[number], 2**62, one_block=True)
+            return chunk.path, _write(storage, builder, job)
+        # The batches returned different fields: their values sample by sample.
+        rows = [row for piece in pieces for row in _piece_rows(piece)]
+        for number in range(len(starts) - 1):
+            for local in range(starts[number], starts[number + 1]):
+                builder.add(rows[local], first + local)
+            builder.end_block()
+        return chunk.path, _write(storage, builder, job)
     values: list[dict[str, Any] | None] = [None] * chunk.num_samples
     pending: list[tuple[int, Sample]] = []
     compute = _per_batch if job.batch_size is not None else _per_sample
@@ -196,15 +217,16 @@ def compute_field_file(
         if limit is None:
             flush()  # one call per block (batched), or per sample as they come
     flush()
-    builder = ChunkBuilder(
-        block_bytes=2**62, compressor=FrameCompressor(config.compression, config.compression_level)
-    )
     for number, ends in enumerate(base.block_starts[1:]):
         for local in range(base.block_starts[number], ends):
             new = values[local]
             assert new is not None
             builder.add(new, first + local)
         builder.end_block()  # the same block boundaries as the chunk
+    return chunk.path, _write(storage, builder, job)
+
+
+def _write(storage: Storage, builder: ChunkBuilder, job: FieldJob) -> FieldFile:
     built = builder.finish()
     key = f"chunks/{uuid.uuid4().hex}.fields"
     storage.write(key, built)
@@ -215,7 +237,92 @@ def compute_field_file(
         footer_offset=built.footer_offset,
         columns=job.fields,
     )
-    return chunk.path, ref
+    return ref
+
+
+def _batch_columns(
+    reader: ChunkReader,
+    fetched: Fetched,
+    chunk: ChunkRef,
+    fn: Callable[..., Any],
+    job: FieldJob,
+    first: int,
+) -> list[columnar.ColumnBatch]:
+    """``fn`` over every sample of ``chunk``, ``batch_size`` at a time, read and written a
+    column at a time (no dict per sample): the new fields, a batch of columns per call."""
+    n = chunk.num_samples
+    parts = [(layout, buf, keep) for _, layout, buf, keep in fetched.parts]
+    for layout, _, _ in parts[1:]:
+        if layout.block_starts != parts[0][0].block_starts:
+            raise CorruptError(f"{layout.where} is not aligned with its chunk's blocks")
+    checked = tuple(src.path in fetched.verified for src, _, _, _ in fetched.parts)
+    found = decode_columns(parts, reader.decoder, checked) if parts else {}
+    names = sorted(job.inputs) if job.inputs is not None else list(found)
+    columns = [found.get(name) or [None] * n for name in names]
+    size = job.batch_size or n
+    pieces: list[columnar.ColumnBatch] = []
+    for start in range(0, n, size):
+        stop = min(n, start + size)
+        batch = [column[start:stop] for column in columns]
+        pieces.append(_call_for_columns(fn, names, batch, job, first + start, stop - start))
+    return pieces
+
+
+def _piece_rows(piece: columnar.ColumnBatch) -> list[dict[str, Any]]:
+    columns = [columnar.decoded(column) for column in piece.columns]
+    return [
+        {name: column[k] for name, column in zip(piece.names, columns, strict=True)}
+        for k in range(piece.num_rows)
+    ]
+
+
+def _call_for_columns(
+    fn: Callable[..., Any],
+    names: list[str],
+    batch: list[list[Any]],
+    job: FieldJob,
+    first: int,
+    n: int,
+) -> columnar.ColumnBatch:
+    where = f"the batch of samples from {first}"
+    if job.batch_format == "arrow":
+        from ..format import arrow
+
+        out = fn(arrow.record_batch(names, batch))
+    else:
+        out = fn(dict(zip(names, batch, strict=True)))
+    if isinstance(out, dict):
+        _check_returned(out, frozenset(job.fields), where)
+        for name, column in out.items():
+            if columnar.column_rows(column) is None and not columnar.is_columns(column):
+                raise EncodeError(
+                    f"{where}: field {name!r} came back as a {type(column).__name__}; give a "
+                    "list or an array of one value per sample"
+                )
+            if len(column) != n:
+                raise EncodeError(
+                    f"{where}: field {name!r} has {len(column)} values for {n} samples"
+                )
+        # A list of ints (ids, lengths, labels) encoded as one array, not value by value.
+        out = {
+            name: ints
+            if isinstance(column, list) and (ints := columnar.plain_ints(column)) is not None
+            else column
+            for name, column in out.items()
+        }
+    elif not columnar.is_columns(out):
+        raise EncodeError(
+            f"{where}: the function returned a {type(out).__name__}; with batch_size it "
+            "returns its new fields as a dict of lists (or an Arrow batch, for Arrow input)"
+        )
+    got = list(columnar.as_columns(out, first) or ())
+    if not got:  # a dict of no columns, or an empty table
+        got = [columnar.ColumnBatch((), (), 0 if not isinstance(out, dict) or out else n)]
+    batch_out = columnar.ColumnBatch.concat(got)
+    _check_returned(dict.fromkeys(batch_out.names), frozenset(job.fields), where)
+    if batch_out.num_rows != n:
+        raise EncodeError(f"{where}: {batch_out.num_rows} rows came back for {n} samples")
+    return batch_out
 
 
 def _with_field_file(chunk: ChunkRef, new: FieldFile | None, hide: tuple[str, ...]) -> ChunkRef:

@@ -377,6 +377,7 @@ def test_batch_size_hands_fn_a_dict_of_lists(backend: Backend) -> None:
     for i, sample in enumerate(store.snapshot()):
         assert sample["tag"] == f"t{i}"
         assert sample["latent"].tolist() == [float(i), i + 0.5]
+    assert store.verify(deep=True).ok  # the field files' frames, offset tables included
 
 
 def test_batch_size_refuses_a_batch_of_the_wrong_shape(backend: Backend) -> None:
@@ -460,3 +461,37 @@ def test_dropping_a_field_no_sample_has_commits_nothing(backend: Backend) -> Non
     assert store.version == 1 and len(store.log()) == 2
     store.drop_fields(["caption"])
     assert store.version == 2 and "caption" not in store.snapshot()[0]
+
+
+def test_batches_that_return_different_fields(backend: Backend) -> None:
+    store = _store(backend)
+    calls: list[int] = []
+
+    def some(batch: dict[str, list[Any]]) -> dict[str, Any]:
+        calls.append(batch["id"][0])
+        out: dict[str, Any] = {"a": [-i for i in batch["id"]]}
+        if batch["id"][0] % 100:  # the first batch of each hundred gives no "b"
+            out["b"] = [str(i) for i in batch["id"]]
+        return out
+
+    store.add_fields(some, ["a", "b"], inputs=["id"], batch_size=50)
+    assert len(calls) == sum(-(-c.num_samples // 50) for c in store.snapshot().chunks())
+    starts = set(calls)
+    expected, mixed = [], 0
+    for c_start, c in zip(
+        itertools.accumulate((c.num_samples for c in store.snapshot().chunks()), initial=0),
+        store.snapshot().chunks(),
+        strict=False,
+    ):
+        mixed += len({(c_start + k) % 100 == 0 for k in range(0, c.num_samples, 50)}) > 1
+        for k in range(0, c.num_samples, 50):
+            first = c_start + k
+            assert first in starts
+            for i in range(first, min(first + 50, c_start + c.num_samples)):
+                expected.append({"a": -i, **({"b": str(i)} if first % 100 else {})})
+    assert list(store.snapshot().select(["a", "b"], missing="skip")) == [
+        e for e in expected if "b" in e
+    ]
+    assert [{k: s[k] for k in ("a", "b") if k in s} for s in store.snapshot()] == expected
+    assert mixed  # some chunk's batches gave both sets of fields
+    assert store.verify(deep=True).ok

@@ -157,10 +157,12 @@ def compute_field_file(
     job: FieldJob,
     first: int,
     todo: Runs,
+    reader: ChunkReader | None = None,
 ) -> tuple[str, FieldFile]:
     """Compute ``job.fields`` for the samples of ``chunk`` in ``todo`` (runs of local
-    indices); the others keep their values of them. Store them all as one field file."""
-    reader = ChunkReader(storage)
+    indices); the others keep their values of them. Store them all as one field file.
+    ``reader``: the store's, whose footers are read already (a worker makes its own)."""
+    reader = ChunkReader(storage) if reader is None else reader
     names = frozenset(job.fields)
     computed = sum(stop - start for start, stop in todo)
     keeps = computed < chunk.num_samples
@@ -175,9 +177,8 @@ def compute_field_file(
         pieces = _batch_columns(reader, fetched, chunk, fn, job, first)
         if len({piece.names for piece in pieces}) == 1:
             columns = columnar.ColumnBatch.concat(pieces)
-            for number in range(len(starts) - 1):  # the same block boundaries as the chunk
-                block = columns.rows(starts[number], starts[number + 1])
-                builder.add_columns(block, 0, first + starts[number], 2**62, one_block=True)
+            # The same block boundaries as the chunk.
+            builder.add_column_blocks(columns, starts[1:], first)
             return chunk.path, _write(storage, builder, job)
         # The batches returned different fields: their values sample by sample.
         rows = [row for piece in pieces for row in _piece_rows(piece)]
@@ -555,7 +556,9 @@ def _run(
     if pool is None:
         for chunk, todo in work:
             first = firsts[chunk.path]
-            yield compute_field_file(ctx.storage, chunk, version, config, fn, job, first, todo)
+            yield compute_field_file(
+                ctx.storage, chunk, version, config, fn, job, first, todo, ctx.reader
+            )
             report.update(sum(stop - start for start, stop in todo))
         return
     uri, options = ctx.storage.uri, ctx.storage.storage_options

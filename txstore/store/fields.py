@@ -478,7 +478,7 @@ def add_fields(
             snap = ctx.snapshot(parent)
             chunks = snap.chunk_refs()
             if job.inputs is not None and len(snap):
-                snap.select(job.inputs, missing="skip")  # FieldNotFoundError for a typo
+                snap.check_fields(job.inputs)  # FieldNotFoundError for a typo
             fresh = [c for c in chunks if c.path not in done and c.path not in planned]
             have = _presence(snap, fresh, names)
             if not (missing_only or replace):
@@ -600,7 +600,7 @@ def drop_fields(ctx: StoreContext, fields: Iterable[str], *, message: str | None
         parent = ctx.log.latest()
         snap = ctx.snapshot(parent)
         if len(snap):
-            snap.select(names, missing="skip")  # no sample has one: FieldNotFoundError
+            snap.check_fields(names)  # no sample has one: FieldNotFoundError
         else:
             raise FieldNotFoundError(
                 f"version {snap.version} of {snap.uri} has no samples, so no field {names[0]!r}"

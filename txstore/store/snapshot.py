@@ -551,6 +551,11 @@ class Snapshot(Sequence[Sample]):
         rule = self._check_fields(wanted, missing)
         return self._view(wanted, self.is_zero_copy, rule)
 
+    def check_fields(self, fields: Iterable[str]) -> None:
+        """``FieldNotFoundError`` for a field of ``fields`` that no sample has (as ``select``
+        raises it), from the footers alone."""
+        self._nullable(fields)
+
     def _nullable(self, fields: Iterable[str]) -> Snapshot:
         """``select`` for the Arrow reads, which give nulls where samples lack a field."""
         return self.select(fields, missing=_NULLS)

@@ -480,7 +480,10 @@ def add_fields(
             if job.inputs is not None and len(snap):
                 snap.check_fields(job.inputs)  # FieldNotFoundError for a typo
             fresh = [c for c in chunks if c.path not in done and c.path not in planned]
-            have = _presence(snap, fresh, names)
+            if missing_only or not replace:
+                have = _presence(snap, fresh, names)
+            else:  # replacing every value: who has them does not matter
+                have = [[] for _ in fresh]
             if not (missing_only or replace):
                 _refuse_existing(snap, fresh, have, job.fields)
             work: list[tuple[ChunkRef, Runs]] = []

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +38,7 @@ from .context import StoreContext
 from .forkpool import fork_pool, job
 from .history import Commit
 from .progress import QUIET, Progress, Stage
-from .snapshot import ChunkReader, Fetched, Runs, Sample, Snapshot
+from .snapshot import ChunkReader, Fetched, Runs, Sample, Snapshot, map_threads
 
 _MAX_ROUNDS = 20  # rounds of catching up with concurrent appends before giving up
 
@@ -373,8 +373,7 @@ def _presence(snap: Snapshot, chunks: Sequence[ChunkRef], names: frozenset[str])
             runs = _intersect(runs, found.get(name, []))
         return runs
 
-    with ThreadPoolExecutor(16, thread_name_prefix="txstore-fields") as pool:
-        return list(pool.map(have_all, chunks))
+    return map_threads(have_all, chunks, 16)
 
 
 def _intersect(a: Runs, b: Runs) -> Runs:

@@ -7,11 +7,11 @@ import operator
 import threading
 from bisect import bisect_left, bisect_right
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import accumulate
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from ..errors import (
     ChecksumError,
@@ -115,6 +115,19 @@ MISSING_ERROR, MISSING_SKIP = "error", "skip"
 #: For the Arrow reads, which give a null where a sample lacks a field: no check but that
 #: some sample has each field.
 _NULLS = object()
+
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def map_threads(fn: Callable[[T], R], items: Sequence[T], threads: int) -> list[R]:
+    """``fn`` over ``items`` on up to ``threads`` threads (remote reads wait on I/O); on this
+    thread alone for one item."""
+    if len(items) <= 1:
+        return [fn(item) for item in items]
+    with ThreadPoolExecutor(min(threads, len(items)), thread_name_prefix="txstore-fields") as pool:
+        return list(pool.map(fn, items))
 
 
 def _is(how: Any, word: str) -> bool:
@@ -611,13 +624,12 @@ class Snapshot(Sequence[Sample]):
             return self._reader.presence(chunk, version, fields, exact)
 
         out: dict[str, Runs] = {}
-        with ThreadPoolExecutor(self._FOOTER_READS, thread_name_prefix="txstore-fields") as pool:
-            for number, found in enumerate(pool.map(one, chunks)):
-                base = starts[number]
-                for name, runs in found.items():
-                    merged = out.setdefault(name, [])
-                    for start, stop in runs:
-                        _add_run(merged, base + start, base + stop)
+        for number, found in enumerate(map_threads(one, chunks, self._FOOTER_READS)):
+            base = starts[number]
+            for name, runs in found.items():
+                merged = out.setdefault(name, [])
+                for start, stop in runs:
+                    _add_run(merged, base + start, base + stop)
         return out
 
     def schema(self) -> Schema:

@@ -470,21 +470,26 @@ class ChunkBuilder:
                 "values of one block would pass 4 GiB (a frame's offsets are 32-bit)"
             )
         bounds = spans.tolist()
-        for name in batch.names:
+        sizes = np.diff(spans)
+        heads = [_array_header(j - i) for i, j in pairwise(bounds)]
+        head_lengths = np.fromiter(map(len, heads), dtype=np.int64, count=len(heads))
+        columns = []
+        for name, column in zip(batch.names, batch.columns, strict=True):
             self._columns.setdefault(name, len(self._columns))
-        columns = [
-            (name, column.offsets, column.data)
-            for name, column in zip(batch.names, batch.columns, strict=True)
-        ]
+            offsets = column.offsets
+            # Every block's offset table at once: a value's offset from its block's first
+            # value, past the block's array header.
+            starts = np.repeat(offsets[spans[:-1]] - head_lengths, sizes)
+            tables = memoryview((offsets[:-1] - starts).astype("<u4").tobytes())
+            columns.append((name, offsets[spans].tolist(), memoryview(column.data), tables))
         width = len(batch.names)
-        for i, j in pairwise(bounds):
-            head = _array_header(j - i)
-            for name, offsets, data in columns:
-                low = offsets[i]
-                body = data[low : offsets[j]]
-                table = (offsets[i:j] - (low - len(head))).astype("<u4").tobytes()
+        for number, (i, j) in enumerate(pairwise(bounds)):
+            head = heads[number]
+            for name, ends, data, tables in columns:
+                body = data[ends[number] : ends[number + 1]]
+                table = tables[4 * i : 4 * j]
                 raw_length = len(head) + len(body) + len(table)
-                self._store_frame(name, (head, body.data, table), raw_length, False)
+                self._store_frame(name, (head, body, table), raw_length, False)
             self._sealed.blocks.append((j - i, width))
             self._num_samples += j - i
 

@@ -477,7 +477,7 @@ def decoded(column: Encoded) -> list[Any]:
 def plain_ints(values: list[Any]) -> np.ndarray[Any, Any] | None:
     """A list of Python ints that fit in 64 bits as an int64 array (encoded a column at a
     time, reading back as the same ints); None for any other list."""
-    if not values or not all(type(v) is int for v in values):
+    if not values or set(map(type, values)) != {int}:
         return None
     try:
         return np.array(values, dtype=np.int64)

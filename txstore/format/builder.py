@@ -481,7 +481,7 @@ class ChunkBuilder:
             # value, past the block's array header.
             starts = np.repeat(offsets[spans[:-1]] - head_lengths, sizes)
             tables = memoryview((offsets[:-1] - starts).astype("<u4").tobytes())
-            columns.append((name, offsets[spans].tolist(), memoryview(column.data), tables))
+            columns.append((name, offsets[spans].tolist(), column.data.data, tables))
         width = len(batch.names)
         for number, (i, j) in enumerate(pairwise(bounds)):
             head = heads[number]

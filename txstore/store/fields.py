@@ -362,18 +362,20 @@ def _pool(num_workers: int, fn: Callable[..., Any]) -> Executor | None:
     return fork_pool(num_workers, fn) if num_workers > 0 else None
 
 
-def _presence(snap: Snapshot, chunks: Sequence[ChunkRef], names: frozenset[str]) -> list[Runs]:
-    """Per chunk, the runs of its samples that have every field of ``names``."""
+def _presence(
+    snap: Snapshot, chunks: Sequence[ChunkRef], names: frozenset[str]
+) -> list[dict[str, Runs]]:
+    """Per chunk, the runs of its samples that have each field of ``names``."""
     reader, version = snap.reader, snap.version
+    return map_threads(lambda chunk: reader.presence(chunk, version, names), chunks, 16)
 
-    def have_all(chunk: ChunkRef) -> Runs:
-        found = reader.presence(chunk, version, names)
-        runs: Runs = [(0, chunk.num_samples)]
-        for name in names:
-            runs = _intersect(runs, found.get(name, []))
-        return runs
 
-    return map_threads(have_all, chunks, 16)
+def _have_all(chunk: ChunkRef, found: dict[str, Runs], names: frozenset[str]) -> Runs:
+    """The runs of the chunk's samples that have every field of ``names``."""
+    runs: Runs = [(0, chunk.num_samples)]
+    for name in names:
+        runs = _intersect(runs, found.get(name, []))
+    return runs
 
 
 def _intersect(a: Runs, b: Runs) -> Runs:
@@ -480,13 +482,14 @@ def add_fields(
                 snap.check_fields(job.inputs)  # FieldNotFoundError for a typo
             fresh = [c for c in chunks if c.path not in done and c.path not in planned]
             if missing_only or not replace:
-                have = _presence(snap, fresh, names)
+                found = _presence(snap, fresh, names)
             else:  # replacing every value: who has them does not matter
-                have = [[] for _ in fresh]
+                found = [{} for _ in fresh]
             if not (missing_only or replace):
-                _refuse_existing(snap, fresh, have, job.fields)
+                _refuse_existing(snap, found, job.fields)
             work: list[tuple[ChunkRef, Runs]] = []
-            for chunk, runs in zip(fresh, have, strict=True):
+            for chunk, has in zip(fresh, found, strict=True):
+                runs = _have_all(chunk, has, names)
                 todo = _complement(runs, chunk.num_samples) if missing_only else None
                 if todo == []:
                     planned.add(chunk.path)
@@ -512,20 +515,12 @@ def add_fields(
             pool.shutdown()
 
 
-def _refuse_existing(
-    snap: Snapshot, chunks: Sequence[ChunkRef], have: list[Runs], fields: tuple[str, ...]
-) -> None:
+def _refuse_existing(snap: Snapshot, found: list[dict[str, Runs]], fields: tuple[str, ...]) -> None:
     """FieldExistsError if some sample has one of ``fields`` already."""
-    reader, version = snap.reader, snap.version
     counts = dict.fromkeys(fields, 0)
-    for chunk, runs in zip(chunks, have, strict=True):
-        if runs == [(0, chunk.num_samples)]:
-            for name in fields:
-                counts[name] += chunk.num_samples
-            continue
-        found = reader.presence(chunk, version, frozenset(fields))
+    for has in found:
         for name in fields:
-            counts[name] += sum(stop - start for start, stop in found.get(name, []))
+            counts[name] += sum(stop - start for start, stop in has.get(name, []))
     existing = {name: n for name, n in counts.items() if n}
     if existing:
         said = ", ".join(f"{name!r} ({n:,} samples)" for name, n in existing.items())

@@ -158,3 +158,24 @@ def test_info_and_show_print_the_schema(tmp_path: Path) -> None:
     shown = json.loads(_cli("show", uri, "1", "--json"))
     assert [f["name"] for f in shown["fields"]] == ["id", "text"]
     assert "latent" in _cli("show", uri, "2") and "latent" not in _cli("show", uri, "1")
+
+
+def test_the_cascade_example_runs(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "examples/cascade.py", str(tmp_path / "store")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert "latent_256: 8,000 of 8,500 samples (500 missing)" in lines
+    assert "a dataset refuses to open: 500 samples lack 'latent_256'" in lines
+    assert "one epoch over version 5: 8,500 samples" in lines
+    pinned = txstore.open(str(tmp_path / "store")).snapshot("train-512")
+    assert [(f.name, f.count) for f in pinned.schema()][-2:] == [
+        ("latent_256", 8500),
+        ("latent_512", 8500),
+    ]

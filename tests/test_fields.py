@@ -275,7 +275,10 @@ def test_missing_only_after_a_rollback(tmp_path: Path) -> None:
     assert [s["latent_256"] for s in store.snapshot()] == [10 * i for i in range(650)]
 
 
-def test_missing_only_after_compaction_keeps_what_samples_have(tmp_path: Path) -> None:
+@pytest.mark.parametrize("form", ["sample", "dict", "arrow"])
+def test_missing_only_after_compaction_keeps_what_samples_have(tmp_path: Path, form: str) -> None:
+    if form == "arrow":
+        pytest.importorskip("pyarrow")
     store = txstore.create(str(tmp_path / "s"), chunk_bytes=8192, block_bytes=1024)
     for start in range(0, 300, 10):  # many small appends: many undersized chunks
         store.append({"id": i, "caption": f"c{i}"} for i in range(start, start + 10))
@@ -296,7 +299,32 @@ def test_missing_only_after_compaction_keeps_what_samples_have(tmp_path: Path) -
         calls.append(sample["id"])
         return {"latent": sample["id"] * 3}
 
-    store.add_fields(latent, ["latent"], missing_only=True)
+    def latents(batch: dict[str, list[Any]]) -> dict[str, Any]:
+        assert len(batch["id"]) <= 7 and set(batch) == {"id"}
+        calls.extend(batch["id"])
+        return {"latent": [i * 3 for i in batch["id"]]}
+
+    def arrow_latents(batch: Any) -> Any:
+        import pyarrow as pa
+
+        assert batch.num_rows <= 7 and batch.schema.names == ["id"]
+        ids = batch.column("id").to_pylist()
+        calls.extend(ids)
+        return pa.record_batch([pa.array([i * 3 for i in ids])], names=["latent"])
+
+    if form == "sample":
+        store.add_fields(latent, ["latent"], missing_only=True)
+    elif form == "dict":
+        store.add_fields(latents, ["latent"], missing_only=True, inputs=["id"], batch_size=7)
+    else:
+        store.add_fields(
+            arrow_latents,
+            ["latent"],
+            missing_only=True,
+            inputs=["id"],
+            batch_size=7,
+            batch_format="arrow",
+        )
     assert sorted(calls) == list(range(300, 330))
     snap = store.snapshot()
     assert [(s["id"], s["latent"], s["caption"]) for s in snap] == [

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import datetime
+from functools import partial
 from typing import Any
 from urllib.parse import quote
 
@@ -23,6 +24,7 @@ import gcsfs
 from gcsfs.retry import HttpError
 
 from ..errors import AlreadyExistsError, NotFoundError, RefChangedError, StorageError
+from .aio import run, run_all
 from .base import Data, FileInfo, Storage, join
 
 
@@ -46,6 +48,7 @@ def _mtime(stamp: str | None) -> float:
 
 class GcsStorage(Storage):
     range_merge_gap = 256 * 1024  # a GET costs a round trip, as on S3
+    max_in_flight = 16
 
     def __init__(self, uri: str, storage_options: dict[str, Any] | None = None) -> None:
         self.uri = uri.rstrip("/")
@@ -86,15 +89,41 @@ class GcsStorage(Storage):
         except Exception as e:
             raise self._fail("read", key, e) from e
 
-    def read_range(self, key: str, start: int, end: int) -> bytes:
-        if end <= start:
-            return self._empty_range(key)
+    async def _read_range(self, key: str, start: int, end: int) -> bytes:
+        headers = {"Range": f"bytes={start}-{end - 1}"}
         try:
-            return self._get(key, start, end)[1]
+            media = self._media(key)
+            found: tuple[Any, bytes] = await self._fs._call("GET", media, headers=headers)
         except Exception as e:
             if _status(e) == 416:  # the range starts at or past the end of the object
                 return b""
             raise self._fail("read", key, e) from e
+        return found[1]
+
+    def read_range(self, key: str, start: int, end: int) -> bytes:
+        if end <= start:
+            return self._empty_range(key)
+        return run(self._fs.loop, lambda: self._read_range(key, start, end))
+
+    def read_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        if any(end <= start for start, end in ranges):
+            return super().read_ranges(key, ranges)
+        makes = [partial(self._read_range, key, start, end) for start, end in ranges]
+        return run_all(self._fs.loop, makes, self.max_in_flight)
+
+    async def _read_or_none(self, key: str) -> bytes | None:
+        try:
+            found: tuple[Any, bytes] = await self._fs._call("GET", self._media(key))
+        except Exception as e:
+            error = self._fail("read", key, e)
+            if isinstance(error, NotFoundError):
+                return None
+            raise error from e
+        return found[1]
+
+    def read_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        makes = [partial(self._read_or_none, key) for key in keys]
+        return run_all(self._fs.loop, makes, self.max_in_flight)
 
     def write(self, key: str, data: Data) -> None:
         try:

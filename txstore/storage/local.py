@@ -294,6 +294,45 @@ class LocalStorage(Storage):
         except OSError as e:
             raise StorageError(f"cannot write {self.root}/{key}: {e}") from e
 
+    def write_unsynced(self, key: str, data: Data) -> None:
+        """As ``write`` (readers see the old file or the whole new one) but not durable: a
+        crash can leave a file of other bytes under the key. For caches only, whose readers
+        check what they read against its checksums; a 64 MiB fsync per cached chunk would
+        bound how fast a remote store streams."""
+        path = self._path(key)
+        parent = self._parent(path)
+        tmp = os.path.join(parent, f"{TEMP_PREFIX}{uuid.uuid4().hex}.{os.path.basename(path)}")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                _write_all(fd, [data] if isinstance(data, bytes) else data)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise StorageError(f"cannot write {self.root}/{key}: {e}") from e
+        self._forget(key)
+
+    @contextlib.contextmanager
+    def lock(self, key: str, timeout: float) -> Iterator[bool]:
+        """An exclusive lock named ``key`` among the processes of this machine (a lock file
+        under the root): yields True once held, or False after ``timeout`` seconds (a stuck
+        peer), so that a caller using it to avoid duplicate work can go ahead anyway."""
+        path = self._path(key)
+        self._parent(path)
+        lock = portalocker.Lock(path, "a", timeout=timeout, check_interval=0.005)
+        try:
+            lock.acquire()
+        except portalocker.LockException:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            lock.release()
+
     def put_if_absent(self, key: str, data: bytes) -> None:
         path = self._path(key)
         try:

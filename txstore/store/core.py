@@ -480,9 +480,9 @@ def open(
     uri: str | os.PathLike[str] | Storage, *, storage_options: dict[str, Any] | None = None
 ) -> Store:
     """Open an existing store; ``StoreNotFoundError`` if there is none."""
-    storage = open_storage(uri, storage_options)
-    VersionLog(storage).latest_version()  # raises StoreNotFoundError
-    return Store(storage)
+    store = Store(open_storage(uri, storage_options))
+    store._ctx.log.find_store()  # raises StoreNotFoundError
+    return store
 
 
 def open_or_create(

@@ -334,9 +334,9 @@ class ChunkReader:
             for start, end in ranges:
                 _fetching(self.storage, src.path, start, end, what)
         try:
-            pieces = [
-                (start, self.storage.read_range(src.path, start, end)) for start, end in ranges
-            ]
+            # At once: on an object store, one round trip for all, not one each.
+            found = self.storage.read_ranges(src.path, ranges)
+            pieces = [(start, piece) for (start, _), piece in zip(ranges, found, strict=True)]
         except NotFoundError:
             raise self._missing(src.path, version) from None
         return Ranges(pieces)
@@ -736,6 +736,8 @@ class Snapshot(Sequence[Sample]):
     def chunk_refs(self) -> list[ChunkRef]:
         """Every chunk of this version as the format records it (for txstore's own layers:
         it changes with the format)."""
+        if len(self._loaded) < len(self.manifest.segments):
+            self._segments.preload(self.manifest.segments, version=self.version)
         return [c for i in range(len(self.manifest.segments)) for c in self._segment(i).chunks]
 
     @property

@@ -305,6 +305,10 @@ class StreamingDataset(IterableDataset[Any]):
     ``zero_copy`` gives top-level ``bytes`` values as read-only memoryviews of the chunks
     (``Snapshot.zero_copy``): ``transform`` can decode them without a copy; the default
     collate does not take them, and those in a batch from a worker arrive as ``bytes``.
+    A field of ``fields`` that some samples lack is a ``FieldMissingError`` here, naming it
+    and the first samples without it, unless ``missing`` is a value to fill them with
+    (``Snapshot.select``; "skip" is refused: the epoch's plan and a resumed state count
+    every sample).
     """
 
     def __init__(
@@ -324,6 +328,7 @@ class StreamingDataset(IterableDataset[Any]):
         prefetch_chunks: int = 2,
         lease_ttl: str | float | None = None,
         zero_copy: bool = False,
+        missing: Any = "error",
     ) -> None:
         shuffle, drop_last = _bool("shuffle", shuffle), _bool("drop_last", drop_last)
         zero_copy = _bool("zero_copy", zero_copy)
@@ -349,8 +354,14 @@ class StreamingDataset(IterableDataset[Any]):
             snapshot = open_store(source, storage_options=storage_options).snapshot(version)
         else:
             raise TypeError(f"source must be a Snapshot or a store's URI, not {source!r}")
+        if isinstance(missing, str) and missing == "skip":
+            raise ValueError(
+                'a StreamingDataset cannot skip samples (missing="skip"): its epoch plan and '
+                "resumable state count every sample; pass a value to fill in, or give the "
+                "samples the field (add_fields(..., missing_only=True))"
+            )
         if names is not None:
-            snapshot = snapshot.select(names)
+            snapshot = snapshot.select(names, missing=missing)
         if zero_copy:
             snapshot = snapshot.zero_copy()
         self.snapshot = snapshot
@@ -471,7 +482,9 @@ class StreamingDataset(IterableDataset[Any]):
             if not self.shuffle:  # nothing to reorder: yield as blocks decode
                 for piece in (p for window in windows for p in window):
                     chunk, fetched = next(stream)
-                    rows = reader.samples(fetched, chunk, version, piece.start, piece.stop, views)
+                    rows = snapshot.handle_missing(
+                        reader.samples(fetched, chunk, version, piece.start, piece.stop, views)
+                    )
                     if skip:
                         rows = itertools.islice(rows, skip, None)
                     if transform is not None:
@@ -489,8 +502,8 @@ class StreamingDataset(IterableDataset[Any]):
                 samples: list[Sample] = []
                 for piece in window:
                     chunk, fetched = next(stream)
-                    samples += reader.samples(
-                        fetched, chunk, version, piece.start, piece.stop, views
+                    samples += snapshot.handle_missing(
+                        reader.samples(fetched, chunk, version, piece.start, piece.stop, views)
                     )
                     del fetched
                     fetcher.release(chunk)

@@ -122,7 +122,9 @@ class VersionLog:
         is there (kept as the start of the next search for the latest version)."""
         hint = self._head_hint()
         if hint is None:
-            self._known = self._gallop()  # raises StoreNotFoundError
+            # Raises StoreNotFoundError. Not the latest version: a hole stops the search
+            # short of it, and the next search (``latest_version``) looks past holes.
+            self._gallop()
         else:
             self._hint = hint
 

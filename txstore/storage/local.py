@@ -320,7 +320,12 @@ class LocalStorage(Storage):
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
-                _write_all(fd, [data] if isinstance(data, bytes) else data)
+                # Plain writes: no early writeback (``_write_all``), which only makes a disk
+                # busy for a file that needs no durability.
+                for buffer in [data] if isinstance(data, bytes) else data:
+                    view = memoryview(buffer)
+                    while view:
+                        view = view[os.write(fd, view) :]
             finally:
                 os.close(fd)
             os.replace(tmp, path)

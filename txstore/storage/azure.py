@@ -15,8 +15,7 @@ store (adlfs never sees them), as are adlfs's own ``timeout``, ``connection_time
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from functools import partial
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 import adlfs
@@ -24,7 +23,7 @@ from azure.core import MatchConditions
 from azure.core.exceptions import HttpResponseError
 
 from ..errors import AlreadyExistsError, NotFoundError, RefChangedError, StorageError
-from .aio import run, run_all
+from .aio import LoopReads, run
 from .base import Data, FileInfo, Storage, join
 
 _T = TypeVar("_T")
@@ -45,7 +44,7 @@ def _code(exc: BaseException) -> str:
     return str(getattr(exc, "error_code", "") or "")
 
 
-class AzureStorage(Storage):
+class AzureStorage(LoopReads, Storage):
     range_merge_gap = 256 * 1024  # a GET costs a round trip, as on S3
     max_in_flight = 16
 
@@ -120,24 +119,11 @@ class AzureStorage(Storage):
             return self._empty_range(key)
         return self._run(lambda: self._read_range(key, start, end))
 
-    def read_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
-        if any(end <= start for start, end in ranges):
-            return super().read_ranges(key, ranges)
-        makes = [partial(self._read_range, key, start, end) for start, end in ranges]
-        return run_all(self._fs.loop, makes, self.max_in_flight)
-
-    async def _read_or_none(self, key: str) -> bytes | None:
+    async def _aread(self, key: str) -> bytes:
         try:
             return (await self._get(key))[0]
         except Exception as e:
-            error = self._fail("read", key, e)
-            if isinstance(error, NotFoundError):
-                return None
-            raise error from e
-
-    def read_many(self, keys: Sequence[str]) -> list[bytes | None]:
-        makes = [partial(self._read_or_none, key) for key in keys]
-        return run_all(self._fs.loop, makes, self.max_in_flight)
+            raise self._fail("read", key, e) from e
 
     def _upload(self, key: str, data: bytes, **condition: Any) -> None:
         blob = self._container.get_blob_client(self._name(key))

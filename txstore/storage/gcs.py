@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from datetime import datetime
-from functools import partial
 from typing import Any
 from urllib.parse import quote
 
@@ -24,7 +23,7 @@ import gcsfs
 from gcsfs.retry import HttpError
 
 from ..errors import AlreadyExistsError, NotFoundError, RefChangedError, StorageError
-from .aio import run, run_all
+from .aio import LoopReads, run
 from .base import Data, FileInfo, Storage, join
 
 
@@ -46,7 +45,7 @@ def _mtime(stamp: str | None) -> float:
     return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
-class GcsStorage(Storage):
+class GcsStorage(LoopReads, Storage):
     range_merge_gap = 256 * 1024  # a GET costs a round trip, as on S3
     max_in_flight = 16
 
@@ -105,25 +104,12 @@ class GcsStorage(Storage):
             return self._empty_range(key)
         return run(self._fs.loop, lambda: self._read_range(key, start, end))
 
-    def read_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
-        if any(end <= start for start, end in ranges):
-            return super().read_ranges(key, ranges)
-        makes = [partial(self._read_range, key, start, end) for start, end in ranges]
-        return run_all(self._fs.loop, makes, self.max_in_flight)
-
-    async def _read_or_none(self, key: str) -> bytes | None:
+    async def _aread(self, key: str) -> bytes:
         try:
             found: tuple[Any, bytes] = await self._fs._call("GET", self._media(key))
         except Exception as e:
-            error = self._fail("read", key, e)
-            if isinstance(error, NotFoundError):
-                return None
-            raise error from e
+            raise self._fail("read", key, e) from e
         return found[1]
-
-    def read_many(self, keys: Sequence[str]) -> list[bytes | None]:
-        makes = [partial(self._read_or_none, key) for key in keys]
-        return run_all(self._fs.loop, makes, self.max_in_flight)
 
     def write(self, key: str, data: Data) -> None:
         try:

@@ -275,28 +275,24 @@ class LocalStorage(Storage):
         # key: another process may have replaced it (one syscall, where a fresh open, pread
         # and close would be three). (A cache of open descriptors, closed on eviction, let
         # one thread pread a number that another had closed and a third had reused.)
+        return bytes(self._kept(key, self._identity_now(key))[start:end])
+
+    def _identity_now(self, key: str) -> _Identity:
+        """The identity of the file under ``key`` now (one stat)."""
         try:
-            identity = _identity(os.stat(self._path(key)))
+            return _identity(os.stat(self._path(key)))
         except FileNotFoundError:
             self._forget(key)
             raise NotFoundError(f"{self.root}/{key} does not exist") from None
         except OSError as e:
             raise StorageError(f"cannot read {self.root}/{key}: {e}") from e
-        return bytes(self._kept(key, identity)[start:end])
 
     def read_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
         # One stat for all of them (as ``read_range`` makes for one), then copies out of the
         # kept map: a field's frames are hundreds of ranges of one chunk.
         if not ranges:
             return []
-        try:
-            identity = _identity(os.stat(self._path(key)))
-        except FileNotFoundError:
-            self._forget(key)
-            raise NotFoundError(f"{self.root}/{key} does not exist") from None
-        except OSError as e:
-            raise StorageError(f"cannot read {self.root}/{key}: {e}") from e
-        kept = self._kept(key, identity)
+        kept = self._kept(key, self._identity_now(key))
         return [bytes(kept[start:end]) for start, end in ranges]
 
     def write(self, key: str, data: Data) -> None:

@@ -8,14 +8,13 @@ every server names the failed condition in its error body.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from functools import partial
+from collections.abc import Iterator
 from typing import Any
 
 import s3fs
 
 from ..errors import AlreadyExistsError, NotFoundError, RefChangedError, StorageError
-from .aio import run, run_all
+from .aio import LoopReads, run
 from .base import Data, FileInfo, Storage, join
 
 #: Connections the client keeps per endpoint: a chunk streams as several ranged GETs at once,
@@ -35,7 +34,7 @@ def _http_status(exc: BaseException) -> int | None:
     return None
 
 
-class S3Storage(Storage):
+class S3Storage(LoopReads, Storage):
     range_merge_gap = 256 * 1024  # a GET costs a round trip; 256 KiB more costs ~2 ms
     max_in_flight = 16
 
@@ -79,15 +78,8 @@ class S3Storage(Storage):
     def _get(self, key: str) -> tuple[bytes, str]:
         return run(self._fs.loop, lambda: self._aget(key))
 
-    async def _read_or_none(self, key: str) -> bytes | None:
-        try:
-            return (await self._aget(key))[0]
-        except NotFoundError:
-            return None
-
-    def read_many(self, keys: Sequence[str]) -> list[bytes | None]:
-        makes = [partial(self._read_or_none, key) for key in keys]
-        return run_all(self._fs.loop, makes, self.max_in_flight)
+    async def _aread(self, key: str) -> bytes:
+        return (await self._aget(key))[0]
 
     def read(self, key: str) -> bytes:
         return self._get(key)[0]
@@ -101,10 +93,6 @@ class S3Storage(Storage):
 
     def read_range(self, key: str, start: int, end: int) -> bytes:
         return run(self._fs.loop, lambda: self._read_range(key, start, end))
-
-    def read_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
-        makes = [partial(self._read_range, key, start, end) for start, end in ranges]
-        return run_all(self._fs.loop, makes, self.max_in_flight)
 
     def write(self, key: str, data: Data) -> None:
         try:

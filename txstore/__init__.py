@@ -12,8 +12,10 @@ from .errors import (
     FieldExistsError,
     FieldMissingError,
     FieldNotFoundError,
+    FieldTypeError,
     HistoryChangedError,
     InputError,
+    InvalidArgumentError,
     MissingDataError,
     NotFoundError,
     RefChangedError,
@@ -45,9 +47,18 @@ __version__ = "0.1.0"
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 
+#: The names the torch faces give, loaded on first use.
+_TORCH_NAMES = (
+    "StreamingDataset",
+    "StreamingDataLoader",
+    "TokenStreamingDataset",
+    "TokenStreamingDataLoader",
+)
+
+
 def __getattr__(name: str) -> object:
     # The torch faces load torch only when asked for: torch is an optional extra.
-    if name in ("StreamingDataset", "StreamingDataLoader"):
+    if name in _TORCH_NAMES:
         try:
             from . import torch as _torch
         except ModuleNotFoundError as e:
@@ -73,8 +84,10 @@ __all__ = [
     "FieldExistsError",
     "FieldMissingError",
     "FieldNotFoundError",
+    "FieldTypeError",
     "HistoryChangedError",
     "InputError",
+    "InvalidArgumentError",
     "Lease",
     "MissingDataError",
     "NotFoundError",
@@ -93,6 +106,8 @@ __all__ = [
     "StreamingDataset",
     "TagExistsError",
     "TagNotFoundError",
+    "TokenStreamingDataLoader",
+    "TokenStreamingDataset",
     "Transaction",
     "TransactionClosedError",
     "TransactionHandle",

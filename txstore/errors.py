@@ -200,3 +200,28 @@ class InputError(TxstoreError):
 
 class ResumeMismatchError(TxstoreError):
     """A saved loader state belongs to another snapshot or another layout of the epoch."""
+
+
+class InvalidArgumentError(TxstoreError, ValueError):
+    """An argument's value (or type) is not one the operation takes; the message names the
+    argument and what it must be."""
+
+
+class FieldTypeError(TxstoreError, TypeError):
+    """A field's values are not of the kind a reader needs (token windows: 1-d integer
+    arrays of one dtype).
+
+    ``field``: the field; ``sample``: the first sample whose value is not.
+    """
+
+    def __init__(self, message: str, *, field: str, sample: int) -> None:
+        super().__init__(message)
+        self.field = field
+        self.sample = sample
+
+    def __reduce__(self) -> tuple[object, ...]:  # crosses back from DataLoader workers
+        return (_field_type, (self.args[0], self.field, self.sample))
+
+
+def _field_type(message: str, field: str, sample: int) -> Exception:
+    return FieldTypeError(message, field=field, sample=sample)

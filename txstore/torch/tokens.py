@@ -23,6 +23,7 @@ from the next chunks one by one, not those chunks whole.
 from __future__ import annotations
 
 import inspect
+import itertools
 import operator
 import os
 import random
@@ -35,15 +36,15 @@ import torch
 from torch.utils.data import (
     DataLoader,
     IterableDataset,
-    default_collate,
     default_convert,
     get_worker_info,
 )
 
-from ..errors import FieldTypeError, InvalidArgumentError, ResumeMismatchError
+from ..errors import CorruptError, FieldTypeError, InvalidArgumentError, ResumeMismatchError
+from ..format.manifest import ChunkRef
 from ..format.units import parse_size
 from ..store.core import open as open_store
-from ..store.snapshot import Snapshot, map_threads
+from ..store.snapshot import Fetched, Snapshot, map_threads
 from .dataset import (
     Piece,
     _can_pin,
@@ -334,34 +335,50 @@ class TokenStreamingDataset(IterableDataset[torch.Tensor]):
             skipped += 1
         return self._iterate(runs[skipped:], worker, skipped, skip)
 
+    def _piece_arrays(
+        self, snapshot: Snapshot, chunk: ChunkRef, fetched: Fetched, piece: Piece
+    ) -> tuple[Iterator[np.ndarray[Any, Any]], int]:
+        """The token arrays of the samples a piece's windows span, decoded a block at a time
+        as they are asked for, and where its first window starts in the first of them."""
+        base = int(self._first_window[piece.chunk])
+        _, s0, s1, offset = self._samples_span(base + piece.start, base + piece.stop)
+        low, high = int(self._chunk_starts[piece.chunk]), int(self._chunk_starts[piece.chunk + 1])
+        reader, field = snapshot.reader, self.field
+        rows = reader.samples(fetched, chunk, snapshot.version, s0 - low, min(s1, high) - low)
+        arrays: Iterator[np.ndarray[Any, Any]] = (row[field] for row in rows)
+        if s1 > high:  # the last window runs on into the next chunks
+            arrays = itertools.chain(arrays, (snapshot[i][field] for i in range(high, s1)))
+        return arrays, offset
+
     def _iterate(
         self, runs: list[list[Piece]], worker: int, first_run: int, skip: int
     ) -> Iterator[torch.Tensor]:
         snapshot = self._own_snapshot()
-        reader, version = snapshot.reader, snapshot.version
         fetcher = _ChunkFetcher(
             snapshot, self._cache_dir(), self.max_cache_size, self.prefetch_chunks
         )
         stream = fetcher.stream([self._chunks[p.chunk] for run in runs for p in run])
-        block, field = self.block_size, self.field
-        chunk_starts = self._chunk_starts
+        block = self.block_size
         try:
             for number, run in enumerate(runs, start=first_run):
+                if not self.shuffle:  # one piece a run: windows as its blocks decode
+                    (piece,) = run
+                    if skip:  # resumed: the windows delivered are not read
+                        piece, skip = Piece(piece.chunk, piece.start + skip, piece.stop), 0
+                    chunk, fetched = next(stream)
+                    arrays, offset = self._piece_arrays(snapshot, chunk, fetched, piece)
+                    yield from _cut(arrays, offset, piece.stop - piece.start, block)
+                    del fetched
+                    fetcher.release(chunk)
+                    continue
                 # Each piece as (its tokens, where its first window starts in them).
                 flats: list[tuple[np.ndarray[Any, Any], int]] = []
                 for piece in run:
                     chunk, fetched = next(stream)
-                    base = int(self._first_window[piece.chunk])
-                    _, s0, s1, offset = self._samples_span(base + piece.start, base + piece.stop)
-                    low, high = int(chunk_starts[piece.chunk]), int(chunk_starts[piece.chunk + 1])
-                    rows = reader.samples(fetched, chunk, version, s0 - low, min(s1, high) - low)
-                    arrays = [row[field] for row in rows]
+                    arrays, offset = self._piece_arrays(snapshot, chunk, fetched, piece)
+                    flats.append((_concatenate(list(arrays)), offset))
                     del fetched
                     fetcher.release(chunk)
-                    if s1 > high:  # the last window runs on into the next chunks
-                        arrays += self._arrays(snapshot, high, s1)
-                    flat = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
-                    flats.append((flat, offset))
                 sizes = [p.stop - p.start for p in run]
                 # Window k of the run: piece ``which[k]``, window ``within[k]`` of it.
                 which = np.repeat(np.arange(len(run)), sizes).tolist()
@@ -379,6 +396,40 @@ class TokenStreamingDataset(IterableDataset[torch.Tensor]):
         finally:
             stream.close()
             fetcher.close()
+
+
+def _concatenate(arrays: list[np.ndarray[Any, Any]]) -> np.ndarray[Any, Any]:
+    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+
+
+def _cut(
+    arrays: Iterator[np.ndarray[Any, Any]], offset: int, count: int, block: int
+) -> Iterator[torch.Tensor]:
+    """``count`` windows of ``block`` tokens from the arrays laid end to end, the first
+    ``offset`` tokens left out: each array is copied once into the windows it completes (and
+    once more the remainder shorter than a window)."""
+    pending: list[np.ndarray[Any, Any]] = []
+    have = 0
+    for array in arrays:
+        if offset:
+            cut = min(offset, len(array))
+            array, offset = array[cut:], offset - cut
+        pending.append(array)
+        have += len(array)
+        if have < block:
+            continue
+        flat = _concatenate(pending)
+        n = min(have // block, count)
+        for k in range(n):
+            yield torch.from_numpy(flat[k * block : (k + 1) * block].copy())
+        count -= n
+        if not count:
+            return
+        pending, have = [flat[n * block :]], have - n * block
+    if count:
+        raise CorruptError(
+            f"{count} token windows short: the samples hold fewer tokens than counted"
+        )
 
 
 #: DataLoader's arguments, to check those given to a TokenStreamingDataLoader by name.
@@ -407,6 +458,13 @@ def _check_loader_args(given: dict[str, Any]) -> None:
         )
 
 
+def _stack(windows: list[torch.Tensor]) -> torch.Tensor:
+    """The default collate for windows (all of one length): ``default_collate`` stacks them
+    into a new shared-memory segment in a worker, which a batch this small then leaves to
+    cross the pipe as bytes anyway (``transport``); a plain stack spares making it."""
+    return torch.stack(windows)
+
+
 class TokenStreamingDataLoader(DataLoader[Any]):
     """A DataLoader over a TokenStreamingDataset that saves and resumes its place mid-epoch."""
 
@@ -427,7 +485,7 @@ class TokenStreamingDataLoader(DataLoader[Any]):
             raise InvalidArgumentError(f"TokenStreamingDataLoader: {e}") from None
         _check_loader_args(given)
         batched = given.get("batch_size", 1) is not None
-        collate = collate_fn or (default_collate if batched else default_convert)
+        collate = collate_fn or (_stack if batched else default_convert)
         kwargs["collate_fn"] = _CountingCollate(collate)
         super().__init__(dataset, *args, **kwargs)
         self.token_dataset = dataset

@@ -4,7 +4,9 @@ Documents of random lengths (uniform in [MIN_DOC_TOKENS, MAX_DOC_TOKENS]) of ran
 tokens below a GPT-2-sized vocabulary are generated once (not timed) and written by each
 system (not timed): txstore ``append`` of ``{"tokens": array}`` with its default zstd and with
 ``compression=None``; LitData ``optimize(fn, inputs, item_loader=TokensLoader(),
-chunk_bytes=64 MiB)`` over the same arrays (uncompressed, as its TokensLoader reads them).
+chunk_bytes=64 MiB)`` over the same arrays (uncompressed, as its TokensLoader reads them);
+and txstore zstd with each document's length beside it (``{"tokens": array, "num_tokens":
+n}``), read with ``lengths_field="num_tokens"`` (no counting pass at open).
 
 Then each reading, in a fresh child process with a warm page cache, round robin over
 ``--repeat``, median: one epoch of windows of ``--block-size`` tokens through a DataLoader with
@@ -61,6 +63,7 @@ TARGET = 2.0  # txstore's tokens/s over LitData's, 2 workers
 SYSTEMS = {
     "txstore": "txstore TokenStreamingDataset (zstd)",
     "txstore-raw": "txstore TokenStreamingDataset (none)",
+    "txstore-len": "txstore TokenStreamingDataset (zstd, lengths_field)",
     "litdata": "LitData TokensLoader",
 }
 
@@ -88,16 +91,24 @@ def _litdata_doc(index: int) -> Any:
 
 
 def write_all(workdir: Path, docs: list[Any]) -> dict[str, Any]:
-    from litdata import optimize  # type: ignore[import-not-found]
-    from litdata.streaming.item_loader import TokensLoader  # type: ignore[import-not-found]
+    from litdata import optimize  # type: ignore[import-not-found, import-untyped, unused-ignore]
+    from litdata.streaming.item_loader import TokensLoader  # type: ignore[import-not-found, import-untyped, unused-ignore]
 
     import txstore
 
     written: dict[str, Any] = {}
-    for name, kwargs in (("txstore", {}), ("txstore-raw", {"compression": None})):
+    variants: list[tuple[str, dict[str, Any], bool]] = [
+        ("txstore", {}, False),
+        ("txstore-raw", {"compression": None}, False),
+        ("txstore-len", {}, True),
+    ]
+    for name, kwargs, lengths in variants:
         start = time.perf_counter()
         store = txstore.create(str(workdir / name), **kwargs)
-        store.append({"tokens": doc} for doc in docs)
+        if lengths:  # each document's length beside it, as LitData's index keeps each chunk's
+            store.append({"tokens": doc, "num_tokens": len(doc)} for doc in docs)
+        else:
+            store.append({"tokens": doc} for doc in docs)
         written[name] = {"write_s": time.perf_counter() - start, "bytes": _size(workdir / name)}
     _DOCS[:] = docs
     start = time.perf_counter()
@@ -138,7 +149,7 @@ def expected_sums(workdir: Path, docs: list[Any], block: int) -> dict[str, tuple
         windows += n
         total += int(flat[start : start + n * block].sum())
         start += dim
-    return {"txstore": ours, "txstore-raw": ours, "litdata": (windows, total)}
+    return {"txstore": ours, "txstore-raw": ours, "txstore-len": ours, "litdata": (windows, total)}
 
 
 # --------------------------------------------------------------------------- one reading
@@ -150,19 +161,20 @@ def child_main(task: dict[str, Any]) -> dict[str, Any]:
     system, path, block = task["system"], task["path"], task["block"]
     # Imports are not timed: opening is.
     if system.startswith("txstore"):
-        import txstore
+        from txstore.torch import TokenStreamingDataLoader, TokenStreamingDataset
 
+        lengths = "num_tokens" if system == "txstore-len" else None
         start = time.perf_counter()
-        ds: Any = txstore.TokenStreamingDataset(
-            path, block_size=block, shuffle=task["shuffle"], seed=SEED
+        ds: Any = TokenStreamingDataset(
+            path, block_size=block, lengths_field=lengths, shuffle=task["shuffle"], seed=SEED
         )
         opened = time.perf_counter()
-        loader: Any = txstore.TokenStreamingDataLoader(
+        loader: Any = TokenStreamingDataLoader(
             ds, batch_size=task["batch"], num_workers=task["workers"]
         )
     else:
-        from litdata import StreamingDataLoader, StreamingDataset  # type: ignore[import-not-found]
-        from litdata.streaming.item_loader import TokensLoader  # type: ignore[import-not-found]
+        from litdata import StreamingDataLoader, StreamingDataset  # type: ignore[import-not-found, import-untyped, unused-ignore]
+        from litdata.streaming.item_loader import TokensLoader  # type: ignore[import-not-found, import-untyped, unused-ignore]
 
         start = time.perf_counter()
         ds = StreamingDataset(

@@ -268,3 +268,20 @@ def test_exported_lazily_from_txstore() -> None:
 
     assert txstore.TokenStreamingDataset is tokens.TokenStreamingDataset
     assert txstore.TokenStreamingDataLoader is tokens.TokenStreamingDataLoader
+
+
+def test_counts_from_a_lengths_field(tmp_path: Path, arrays: list[Any]) -> None:
+    store = txstore.create(str(tmp_path / "s"), chunk_bytes=2048, block_bytes=512)
+    store.append({"tokens": a, "n": len(a)} for a in arrays)
+    ds = TokenStreamingDataset(store.snapshot(), block_size=37, lengths_field="n")
+    expected = _expected(arrays, 37)
+    assert ds.num_windows == len(expected)
+    assert all(np.array_equal(w.numpy(), e) for w, e in zip(ds, expected, strict=True))
+    # A count that is not the array's length is found when that sample is read.
+    store.append([{"tokens": np.arange(10), "n": 12}, {"tokens": np.arange(40), "n": 40}])
+    wrong = TokenStreamingDataset(store.snapshot(), block_size=37, lengths_field="n")
+    with pytest.raises(txstore.FieldTypeError, match=rf"sample {len(arrays)}\b.*'n' says 12"):
+        list(wrong)
+    store.append([{"tokens": np.arange(3), "n": "three"}])
+    with pytest.raises(txstore.FieldTypeError, match=rf"'n'.*sample {len(arrays) + 2}\b"):
+        TokenStreamingDataset(store.snapshot(), block_size=37, lengths_field="n")

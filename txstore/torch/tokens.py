@@ -107,7 +107,11 @@ class TokenStreamingDataset(IterableDataset[torch.Tensor]):
 
     ``source`` is a Snapshot, or a store URI with ``version`` (default: the latest at
     construction, then pinned). Each sample's ``field`` must be a 1-d numpy array of integers,
-    all of one dtype; windows come as 1-d tensors of that dtype. Every window once per epoch
+    all of one dtype; windows come as 1-d tensors of that dtype. Where the windows are is
+    worked out from each sample's token count: read from ``lengths_field`` when the samples
+    have one (ints, cheap to read: e.g. written beside the tokens at append time), else
+    counted when the dataset is made, which reads the whole field once. Each sample read is
+    checked against its count. Every window once per epoch
     (with ranks that do not divide the windows, a few repeat unless ``drop_last``), in an order
     that is a pure function of (snapshot, field, block_size, seed, epoch, world size, workers).
     ``TokenStreamingDataLoader`` saves and resumes its place mid-epoch. Remote chunks are
@@ -120,6 +124,7 @@ class TokenStreamingDataset(IterableDataset[torch.Tensor]):
         *,
         field: str = "tokens",
         block_size: int = 2049,
+        lengths_field: str | None = None,
         version: int | str | None = None,
         storage_options: dict[str, Any] | None = None,
         shuffle: bool = False,
@@ -132,6 +137,8 @@ class TokenStreamingDataset(IterableDataset[torch.Tensor]):
     ) -> None:
         if not isinstance(field, str):
             raise _bad("field", f"must be a field name (a str), not {field!r}")
+        if lengths_field is not None and not isinstance(lengths_field, str):
+            raise _bad("lengths_field", f"must be a field name or None, not {lengths_field!r}")
         block_size = _whole(
             "block_size", block_size, 2, " (a window is an input and its target shifted by one)"
         )
@@ -161,6 +168,7 @@ class TokenStreamingDataset(IterableDataset[torch.Tensor]):
         # FieldNotFoundError / FieldMissingError here, naming the field and the samples.
         self.snapshot = snapshot.select([field])
         self.field = field
+        self.lengths_field = lengths_field
         self.block_size = block_size
         self.epoch = 0
         self.rank, self.world_size = _distributed()
@@ -168,7 +176,11 @@ class TokenStreamingDataset(IterableDataset[torch.Tensor]):
         sizes = [c.num_samples for c in self._chunks]
         #: First sample of each chunk, and one past the last.
         self._chunk_starts = np.cumsum([0, *sizes], dtype=np.int64)
-        counts, self.dtype = self._count()
+        if lengths_field is None:
+            counts, self.dtype = self._count()
+        else:
+            counts, self.dtype = self._read_lengths(snapshot.select([lengths_field]), lengths_field)
+        self._counts = counts
         #: Where each sample's tokens start in the concatenation, and where the last ends.
         self._token_starts = np.concatenate(([0], np.cumsum(counts, dtype=np.int64)))
         self.num_tokens = int(self._token_starts[-1])
@@ -224,6 +236,57 @@ class TokenStreamingDataset(IterableDataset[torch.Tensor]):
                 dtype = found.dtype
         counts = np.concatenate([c.counts for c in counted]) if counted else np.zeros(0, np.int64)
         return counts, dtype
+
+    def _read_lengths(
+        self, view: Snapshot, name: str
+    ) -> tuple[np.ndarray[Any, Any], np.dtype[Any] | None]:
+        """The token counts held in field ``name`` (a projection of ints, cheap to read), and
+        the tokens' dtype from the first sample that has some."""
+        version = view.version
+        reader = view.reader
+
+        def one(chunk: Any) -> list[Any]:
+            fetched = reader.fetch(chunk, version, view.fields)
+            return [row.get(name) for row in reader.samples(fetched, chunk, version)]
+
+        values = [v for part in map_threads(one, self._chunks, _COUNT_THREADS) for v in part]
+        for i, value in enumerate(values):
+            if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 0:
+                raise FieldTypeError(
+                    f"token windows read the token counts from {name!r}: in sample {i} of "
+                    f"version {version} of {view.uri} it is {value!r}, not a count of tokens",
+                    field=name,
+                    sample=i,
+                )
+        counts = np.array(values, dtype=np.int64)
+        dtype = None
+        nonzero = np.flatnonzero(counts)
+        if len(nonzero):
+            first = int(nonzero[0])
+            value = self.snapshot[first].get(self.field)
+            if not isinstance(value, np.ndarray) or value.ndim != 1 or value.dtype.kind not in "iu":
+                raise self._type_error(
+                    first, f"is {_describe(value)}, not a 1-d numpy array of integers"
+                )
+            dtype = value.dtype
+        return counts, dtype
+
+    def _checked(self, arrays: Iterator[Any], first: int) -> Iterator[np.ndarray[Any, Any]]:
+        """``arrays``, samples ``first`` on, each checked against the count and dtype the
+        windows were laid out by (a wrong ``lengths_field`` would shift every window after)."""
+        counts, dtype = self._counts, self.dtype
+        for i, array in enumerate(arrays, start=first):
+            if (
+                not isinstance(array, np.ndarray)
+                or array.ndim != 1
+                or array.dtype != dtype
+                or len(array) != counts[i]
+            ):
+                said = f"{self.lengths_field!r} says" if self.lengths_field else "counted"
+                size = f" of {len(array)} tokens" if isinstance(array, np.ndarray) else ""
+                why = f"is {_describe(array)}{size} ({said} {counts[i]} of {dtype})"
+                raise self._type_error(i, why)
+            yield array
 
     def _type_error(self, sample: int, why: str) -> FieldTypeError:
         uri, version = self.snapshot.uri, self.snapshot.version
@@ -317,7 +380,9 @@ class TokenStreamingDataset(IterableDataset[torch.Tensor]):
         if not 0 <= index < n:
             raise IndexError(f"window {index} is out of range: there are {n}")
         _, s0, s1, offset = self._samples_span(index, index + 1)
-        flat = np.concatenate(self._arrays(self._own_snapshot(), s0, s1))
+        flat = np.concatenate(
+            list(self._checked(iter(self._arrays(self._own_snapshot(), s0, s1)), s0))
+        )
         return torch.from_numpy(flat[offset : offset + self.block_size].copy())
 
     def __iter__(self) -> Iterator[torch.Tensor]:
@@ -348,7 +413,7 @@ class TokenStreamingDataset(IterableDataset[torch.Tensor]):
         arrays: Iterator[np.ndarray[Any, Any]] = (row[field] for row in rows)
         if s1 > high:  # the last window runs on into the next chunks
             arrays = itertools.chain(arrays, (snapshot[i][field] for i in range(high, s1)))
-        return arrays, offset
+        return self._checked(arrays, s0), offset
 
     def _iterate(
         self, runs: list[list[Piece]], worker: int, first_run: int, skip: int

@@ -3,7 +3,8 @@
     python bench/report.py bench/results/*.json [--out docs/benchmarks.md] [--img docs/img]
 
 Each input is the ``--json`` output of one script (bench_append.py, its --commit-latency part,
-bench_optimize.py, bench_read.py, bench_fields.py, bench_remote.py); the script that wrote it
+bench_optimize.py, bench_read.py, bench_fields.py, bench_remote.py, bench_tokens.py); the
+script that wrote it
 is in its ``script`` field. A section appears for every kind of report given; the plots need
 matplotlib (in the bench venv, never a txstore dependency).
 """
@@ -883,6 +884,74 @@ def remote_section(report: Report, plots: Plots) -> str:
     return "\n".join(parts)
 
 
+def tokens_section(report: Report) -> str:
+    st = report["settings"]
+    quick = " (`--quick`: 10× fewer tokens)" if report.get("quick") else ""
+    rows = []
+    for r in report["results"]:
+        if r.get("error"):
+            rows.append([r["contender"], str(r["shuffle"]), "ERROR", "", "", "", "", ""])
+            continue
+        runs = " / ".join(f"{x['epoch_s']:.2f}" for x in r["runs"] if "epoch_s" in x)
+        rows.append(
+            [
+                r["contender"],
+                "yes" if r["shuffle"] else "no",
+                f"{r['open_s']:.2f}",
+                f"{r['epoch_s']:.2f}",
+                f"{r['first_batch_s']:.3f}",
+                f"{r['tokens_per_s'] / 1e6:,.1f}",
+                f"{r['tokens_per_s_with_open'] / 1e6:,.1f}",
+                runs,
+            ]
+        )
+    ratios = [
+        [
+            r["txstore"],
+            "yes" if r["shuffle"] else "no",
+            x(r["ratio"]),
+            x(r["ratio_with_open"]),
+            f"≥ {r['target']:g}",
+            "met" if r["met"] else "**not met**",
+        ]
+        for r in report.get("ratios", [])
+    ]
+    parts = [
+        "## Token windows for language-model pretraining\n",
+        f"`bench_tokens.py`{quick}: {st['num_tokens']:,} random int32 tokens in documents of "
+        f"{st['doc_tokens'][0]:,} to {st['doc_tokens'][1]:,} tokens, windows of "
+        f"{st['block_size']:,} tokens, {st['batch_size']} a batch, {st['workers']} DataLoader "
+        "workers, warm page cache, each reading a fresh process. txstore "
+        "`TokenStreamingDataLoader(TokenStreamingDataset(path, block_size=...))` against "
+        "LitData `StreamingDataLoader(StreamingDataset(path, item_loader=TokensLoader(...)))` "
+        "over the same tokens (`optimize(..., item_loader=TokensLoader())`, uncompressed). "
+        "`open`: making the dataset (txstore counts every document's tokens there, unless "
+        "`lengths_field` names a field that holds them; LitData defers its setup to the first "
+        "iteration); tokens/s over the epoch, and over open + epoch.\n",
+        table(
+            [
+                "system",
+                "shuffle",
+                "open s",
+                "epoch s",
+                "first batch s",
+                "M tokens/s",
+                "with open",
+                "runs (epoch s)",
+            ],
+            rows,
+        )
+        + "\n",
+    ]
+    if ratios:
+        parts.append(
+            "txstore ÷ LitData, tokens/s:\n\n"
+            + table(["txstore", "shuffle", "epoch", "with open", "target", ""], ratios)
+            + "\n"
+        )
+    return "\n".join(parts)
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -925,6 +994,8 @@ def generate(reports: Sequence[Report], plots: Plots, inputs: Sequence[Path]) ->
         parts.append(fields_section(by_kind["fields"]))
     if "remote" in by_kind:
         parts.append(remote_section(by_kind["remote"], plots))
+    if "tokens" in by_kind:
+        parts.append(tokens_section(by_kind["tokens"]))
     text = "\n".join(p.rstrip() + "\n" for p in parts if p)
     return text.replace("\n\n\n", "\n\n")
 

@@ -111,11 +111,15 @@ class TokenStreamingDataset(IterableDataset[torch.Tensor]):
     worked out from each sample's token count: read from ``lengths_field`` when the samples
     have one (ints, cheap to read: e.g. written beside the tokens at append time), else
     counted when the dataset is made, which reads the whole field once. Each sample read is
-    checked against its count. Every window once per epoch
-    (with ranks that do not divide the windows, a few repeat unless ``drop_last``), in an order
-    that is a pure function of (snapshot, field, block_size, seed, epoch, world size, workers).
-    ``TokenStreamingDataLoader`` saves and resumes its place mid-epoch. Remote chunks are
-    cached under ``cache_dir``, at most ``max_cache_size`` bytes of finished chunks.
+    checked against its count.
+
+    Every window once per epoch (with ranks that do not divide the windows, a few repeat
+    unless ``drop_last``), in an order that is a pure function of (snapshot, field,
+    block_size, seed, epoch, world size, workers). ``TokenStreamingDataLoader`` saves and
+    resumes its place mid-epoch. Remote chunks are cached under ``cache_dir``, at most
+    ``max_cache_size`` bytes of finished chunks. Bad arguments raise
+    ``InvalidArgumentError`` naming them, values of ``field`` that are not token arrays
+    ``FieldTypeError`` naming the sample.
     """
 
     def __init__(

@@ -118,7 +118,7 @@ class Spec:
 
     def __init__(self, kind: str, keys: list[Any] | None, children: list[Spec]) -> None:
         self.kind, self.keys, self.children = kind, keys, children
-        self.leaves = 1 if kind == "leaf" else sum(c.leaves for c in children)
+        self.leaves: int = 1 if kind == "leaf" else sum(c.leaves for c in children)
 
     def build(self, leaves: Iterator[Any]) -> Any:
         if self.kind == "leaf":
@@ -183,7 +183,7 @@ def parse_spec(text: str | None, where: str) -> Spec:
 
 def dict_spec(keys: list[str]) -> str:
     """The ``data_spec`` of samples that are dicts of these keys, each value one leaf."""
-    leaf = {"type": None, "context": None, "children_spec": []}
+    leaf: dict[str, Any] = {"type": None, "context": None, "children_spec": []}
     node = {
         "type": "builtins.dict",
         "context": json.dumps(keys),

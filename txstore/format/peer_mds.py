@@ -322,6 +322,12 @@ def encoding_of(value: Any) -> str | None:
     if isinstance(value, np.generic):
         name = value.dtype.name
         return name if name in SCALARS else None
+    kind = type(value)
+    if kind.__module__ == "torch" and kind.__name__ == "Tensor":
+        # MDS has no tensor encoding: an ndarray of the same dtype, shape and elements
+        name = str(value.dtype).removeprefix("torch.")
+        ok = name in _NDARRAY_CODES and value.dim() >= 1 and value.numel() > 0
+        return "ndarray" if ok else None
     return None
 
 
@@ -340,6 +346,8 @@ def encode_value(encoding: str, value: Any) -> bytes:
     if encoding in SCALARS:
         return np.asarray(value).astype(SCALARS[encoding]).tobytes()
     # ndarray of dynamic dtype and shape: [dtype][ndim << 2 | shape width][shape][values]
+    if not isinstance(value, np.ndarray):  # a tensor
+        value = value.detach().cpu().numpy()
     array = np.ascontiguousarray(value)
     biggest = max(array.shape)
     width = 0 if biggest < 1 << 8 else 1 if biggest < 1 << 16 else 2 if biggest < 1 << 32 else 3

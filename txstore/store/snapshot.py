@@ -7,7 +7,7 @@ import operator
 import threading
 from bisect import bisect_left, bisect_right
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import accumulate
@@ -41,6 +41,11 @@ logger = logging.getLogger(__name__)
 
 Sample = dict[str, Any]
 _LAYOUT_CACHE = 1024
+
+#: The exporters behind ``Snapshot.export_parquet``, ``export_litdata`` and ``export_mds``,
+#: by format. They live in the interop face (``txstore/interop/exports.py``), above this
+#: room, which cannot import it: ``txstore/__init__.py`` registers them.
+EXPORTERS: dict[str, Callable[..., Any]] = {}
 
 
 def _fetching(storage: Storage, path: str, start: int, end: int, what: str) -> None:
@@ -632,6 +637,27 @@ class Snapshot(Sequence[Sample]):
                 if i + 1 < len(chunks):
                     ahead = pool.submit(reader.fetch, chunks[i + 1], version, fields)
                 yield from reader.samples(fetched, chunk, version, views=views)
+
+    # -- exports (txstore/interop/exports.py) -----------------------------------------------
+
+    def export_parquet(self, dest: str, **options: Any) -> Any:
+        """Write the samples as Parquet files in the folder ``dest`` (a path or URI), one per
+        chunk, of one schema; returns an ``Export``. Options: ``fields``,
+        ``storage_options``, ``progress`` (``txstore.interop.exports.export_parquet``)."""
+        return EXPORTERS["parquet"](self, dest, **options)
+
+    def export_litdata(self, dest: str, **options: Any) -> Any:
+        """Write the samples as a LitData dataset in the folder ``dest``, one that
+        ``litdata.StreamingDataset`` reads; returns an ``Export``. Options: ``chunk_bytes``,
+        ``storage_options``, ``progress`` (``txstore.interop.exports.export_litdata``)."""
+        return EXPORTERS["litdata"](self, dest, **options)
+
+    def export_mds(self, dest: str, **options: Any) -> Any:
+        """Write the samples as a MosaicML MDS dataset in the folder ``dest``, one that
+        ``streaming.StreamingDataset`` reads; returns an ``Export``. Options:
+        ``size_limit``, ``storage_options``, ``progress``
+        (``txstore.interop.exports.export_mds``)."""
+        return EXPORTERS["mds"](self, dest, **options)
 
 
 def _rebuild(

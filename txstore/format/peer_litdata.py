@@ -402,12 +402,12 @@ class Layout:
         compression = config.get("compression")
         if compression and not str(compression).startswith("zstd"):
             raise UnsupportedFormatError(f"{where}: compression {compression!r} is not read")
-        if config.get("compression_level") not in (None, "chunk"):
-            raise UnsupportedFormatError(
-                f"{where}: compression_level {config.get('compression_level')!r} is not read "
-                "(whole-chunk compression is)"
-            )
-        self.compressed = bool(compression)
+        level = config.get("compression_level") or "chunk"
+        if level not in ("chunk", "batch", "sample"):
+            raise UnsupportedFormatError(f"{where}: compression_level {level!r} is not read")
+        #: how the chunks are compressed: None, or "chunk" (the whole file is zstd), "batch"
+        #: (zstd frames of items after a directory) or "sample" (each item a zstd frame)
+        self.compression: str | None = level if compression else None
         self.spec = parse_spec(config.get("data_spec"), where)
         formats = config.get("data_format") or []
         if len(formats) != self.spec.leaves:
@@ -452,6 +452,55 @@ class Layout:
                 yield {"value": sample}
             else:
                 yield {str(k): v for k, v in enumerate(sample)}
+
+
+_FRAMED_MAGIC = b"LDFZ01\0\0"
+_FRAMED_PREFIX = struct.Struct("<8sHHIII")  # magic, version, flags, items, rows, frames
+_FRAME = struct.Struct("<IIQII")  # first item, items, offset, stored length, raw length
+
+
+def classic_chunk(data: bytes, compression: str | None, where: str) -> bytes:
+    """A chunk file's bytes as an uncompressed chunk (``[n][offsets][items]``), whichever
+    way LitData compressed it (``Layout.compression``)."""
+    from .codec import zstd_decompress
+
+    try:
+        if compression is None:
+            return data
+        if compression == "chunk":
+            return zstd_decompress(data)
+        if compression == "sample":
+            view = memoryview(data)
+            (n,) = _U32.unpack_from(view, 0)
+            offsets = struct.unpack_from(f"<{n + 1}I", view, 4)
+            items = [zstd_decompress(view[offsets[i] : offsets[i + 1]]) for i in range(n)]
+            return encode_chunk(items)
+        view = memoryview(data)
+        magic, version, _flags, n, _rows, frames = _FRAMED_PREFIX.unpack_from(view, 0)
+        if magic != _FRAMED_MAGIC or version != 1:
+            raise CorruptError(f"{where}: not a framed zstd chunk of version 1")
+        at = _FRAMED_PREFIX.size
+        logical = struct.unpack_from(f"<{n + 1}I", view, at)
+        at += 4 * (n + 1)
+        body = bytearray()
+        for number in range(frames):
+            _first, _items, offset, stored, raw = _FRAME.unpack_from(
+                view, at + number * _FRAME.size
+            )
+            part = zstd_decompress(view[offset : offset + stored])
+            if len(part) != raw:
+                raise CorruptError(f"{where}: frame {number} holds {len(part)} bytes, not {raw}")
+            body += part
+        if len(body) != logical[-1]:
+            raise CorruptError(f"{where}: the frames hold {len(body)} bytes, not {logical[-1]}")
+        items = [bytes(body[logical[i] : logical[i + 1]]) for i in range(n)]
+        return encode_chunk(items)
+    except (struct.error, IndexError) as e:
+        raise CorruptError(f"{where}: a truncated {compression}-compressed chunk: {e}") from e
+    except CorruptError as e:
+        if where in str(e):
+            raise
+        raise CorruptError(f"{where}: {e}") from e
 
 
 def parse_index(data: bytes, where: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -617,6 +666,7 @@ def index_json(
 __all__ = [
     "Layout",
     "Spec",
+    "classic_chunk",
     "dict_spec",
     "encode_chunk",
     "encode_item",

@@ -61,6 +61,17 @@ def _uri(src: str | os.PathLike[str] | Storage) -> tuple[str, dict[str, Any] | N
     return os.fspath(src), None
 
 
+class _File:
+    """An input of an importer's ``optimize``: a file and its index entry, shown by name
+    (an error names the input it failed on)."""
+
+    def __init__(self, name: str, entry: Any) -> None:
+        self.name, self.entry = name, entry
+
+    def __repr__(self) -> str:
+        return self.name
+
+
 class _LitDataChunk:
     """Reads one LitData chunk file into samples (the function ``optimize`` maps)."""
 
@@ -68,26 +79,12 @@ class _LitDataChunk:
         self.uri, self.options = uri, options
         self.layout = peer_litdata.Layout(config, f"{uri}/index.json")
 
-    def __call__(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
+    def __call__(self, file: _File) -> list[dict[str, Any]]:
         storage = _source(self.uri, self.options)
-        name = str(chunk["filename"])
+        name, chunk = file.name, file.entry
         where = f"{self.uri}/{name}"
-        data = _read(storage, name)
-        if self.layout.compressed:
-            data = _decompressed(data, where)
+        data = peer_litdata.classic_chunk(_read(storage, name), self.layout.compression, where)
         return list(self.layout.samples(data, int(chunk["chunk_size"]), where))
-
-
-def _decompressed(data: bytes, where: str) -> bytes:
-    from ..errors import CorruptError
-
-    try:
-        return peer_mds.decompress(data, "zstd", where)
-    except CorruptError as e:
-        raise CorruptError(
-            f"{e} (LitData writes chunks labelled zstd uncompressed when its zstd support is "
-            "missing at write time)"
-        ) from e
 
 
 def import_litdata(
@@ -124,7 +121,7 @@ def import_litdata(
     fn = _LitDataChunk(uri, options, config)
     return optimize(
         fn,
-        chunks,
+        [_File(str(c["filename"]), c) for c in chunks],
         dest,
         num_workers=_workers(num_workers, len(chunks), dest, storage_options),
         chunk_bytes=chunk_bytes,
@@ -144,8 +141,9 @@ class _MdsShard:
     def __init__(self, uri: str, options: dict[str, Any] | None) -> None:
         self.uri, self.options = uri, options
 
-    def __call__(self, shard: dict[str, Any]) -> list[dict[str, Any]]:
+    def __call__(self, file: _File) -> list[dict[str, Any]]:
         storage = _source(self.uri, self.options)
+        shard = file.entry
         name, compression = peer_mds.shard_file(shard)
         where = f"{self.uri}/{name}"
         data = _read(storage, name)
@@ -188,7 +186,7 @@ def import_mds(
             peer_mds.decoder(encoding, f"{uri}/index.json, shard {number}, column {name!r}")
     return optimize(
         _MdsShard(uri, options),
-        shards,
+        [_File(peer_mds.shard_file(s)[0], s) for s in shards],
         dest,
         num_workers=_workers(num_workers, len(shards), dest, storage_options),
         chunk_bytes=chunk_bytes,
@@ -294,10 +292,10 @@ class _ParquetRowGroup:
     def __init__(self, options: dict[str, Any] | None, columns: list[str] | None) -> None:
         self.options, self.columns = options, columns
 
-    def __call__(self, item: tuple[str, str, int, int]) -> Any:
+    def __call__(self, file: _File) -> Any:
         from ..format import arrow
 
-        root, key, size, number = item
+        root, key, size, number = file.entry
         file = RangedFile(_source(root, self.options), key, size)
         return arrow.parquet_row_group(file, number, self.columns, f"{root}/{key}")
 
@@ -329,11 +327,11 @@ def import_parquet(
     from ..format import arrow
 
     files = parquet_files(paths_or_glob, src_storage_options)
-    groups: list[tuple[str, str, int, int]] = []
+    groups: list[_File] = []
     for root, key, size in files:
         file = RangedFile(_source(root, src_storage_options), key, size)
         count = arrow.parquet_row_groups(file, f"{root}/{key}")
-        groups += [(root, key, size, number) for number in range(count)]
+        groups += [_File(f"{key}, row group {n}", (root, key, size, n)) for n in range(count)]
     return optimize(
         _ParquetRowGroup(src_storage_options, columns),
         groups,

@@ -531,3 +531,17 @@ def test_bad_index_is_named(tmp_path: Path):
         txstore.import_mds(tmp_path / "ds", str(tmp_path / "a"), progress=False)
     with pytest.raises(txstore.NotFoundError, match=r"index\.json"):
         txstore.import_mds(tmp_path / "nowhere", str(tmp_path / "a"), progress=False)
+
+
+def test_hugging_face_dataset_appends_through_its_arrow_table():
+    datasets = pytest.importorskip("datasets")
+    columns = {
+        "id": list(range(50)),
+        "text": [f"t{i}" for i in range(50)],
+        "emb": [[i / 2, i / 4] for i in range(50)],
+    }
+    ds = datasets.Dataset.from_dict(columns)
+    store = txstore.create("memory://hf-" + os.urandom(4).hex())
+    store.append(ds.data.table)  # the Arrow table under the dataset: a column at a time
+    want = [{k: columns[k][i] for k in columns} for i in range(50)]
+    _same_samples(store.snapshot(), want)

@@ -296,8 +296,8 @@ class _ParquetRowGroup:
         from ..format import arrow
 
         root, key, size, number = file.entry
-        file = RangedFile(_source(root, self.options), key, size)
-        return arrow.parquet_row_group(file, number, self.columns, f"{root}/{key}")
+        ranged = RangedFile(_source(root, self.options), key, size)
+        return arrow.parquet_row_group(ranged, number, self.columns, f"{root}/{key}")
 
 
 def import_parquet(

@@ -84,6 +84,12 @@ def litdata_expected(i: int, folder: Path) -> dict[str, Any]:
     return out
 
 
+def litdata_plain(i: int) -> dict[str, Any]:
+    """Plain values only: LitData stores such rows as an Arrow IPC file after the items."""
+    return {"id": i, "text": f"t{i}", "blob": bytes([i]) * 5, "tags": [f"a{i}", "b"],
+            "ok": i % 2 == 0, "x": i / 4}  # fmt: skip
+
+
 def litdata_pickled(i: int) -> dict[str, Any]:
     return {"i": i, "odd": {i, i + 1}}  # a set: LitData pickles it
 
@@ -165,6 +171,20 @@ def test_litdata_compressed_chunks(tmp_path: Path, images: Path):
     txstore.import_litdata(out, str(tmp_path / "st"), num_workers=1, progress=False)
     snap = txstore.open(str(tmp_path / "st")).snapshot()
     _same_samples(snap, [litdata_expected(i, images) for i in range(6)])
+
+
+def test_litdata_rows_in_an_arrow_footer(tmp_path: Path):
+    want = [litdata_plain(i) for i in range(40)]
+    for compression in (None, "zstd"):
+        out = tmp_path / f"ds-{compression}"
+        litdata.optimize(fn=litdata_plain, inputs=list(range(40)), output_dir=str(out),
+                         chunk_bytes="1KB", num_workers=1, compression=compression)  # fmt: skip
+        first = sorted(out.glob("chunk-*.bin"))[0].read_bytes()
+        assert first.endswith(b"LDARW01\0")  # the layout under test
+        dest = str(tmp_path / f"st-{compression}")
+        txstore.import_litdata(out, dest, num_workers=1, progress=False)
+        _same_samples(txstore.open(dest).snapshot(), want)
+        _same_samples(litdata.StreamingDataset(str(out)), want)  # what LitData itself reads
 
 
 def test_litdata_pickle_is_refused_naming_the_field(tmp_path: Path):

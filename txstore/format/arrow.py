@@ -583,6 +583,21 @@ def _parquet_fragment(file: Any, where: str) -> Any:
     return fragment
 
 
+def ipc_rows(data: bytes | memoryview, where: str) -> list[dict[str, Any]]:
+    """The rows of an Arrow IPC file (or stream) as dicts, as ``to_pylist`` gives them."""
+    source = pa.py_buffer(data)
+    try:
+        if bytes(data[:6]) == b"ARROW1":
+            reader = pa.ipc.open_file(source)
+            table = reader.read_all()
+        else:
+            table = pa.ipc.open_stream(source).read_all()
+    except (pa.ArrowInvalid, OSError) as e:
+        raise CorruptError(f"{where}: a bad Arrow IPC block: {e}") from e
+    rows: list[dict[str, Any]] = table.to_pylist()
+    return rows
+
+
 def parquet_bytes(table: Any) -> bytes:
     """A table as one Parquet file's bytes."""
     import pyarrow.parquet as pq
@@ -603,6 +618,7 @@ __all__ = [
     "batches",
     "column_array",
     "encode_array",
+    "ipc_rows",
     "parquet_bytes",
     "parquet_row_group",
     "parquet_row_groups",

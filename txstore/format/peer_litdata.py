@@ -431,6 +431,17 @@ class Layout:
         (n,) = _U32.unpack_from(view, 0)
         if n != num_items or len(view) < 4 * (n + 2):
             raise CorruptError(f"{where}: {n} items in the file, {num_items} in the index")
+        footer = arrow_footer(view)
+        if footer is not None:
+            # Rows of plain values (all dicts) are stored as an Arrow IPC file after the
+            # items, which are then often left empty; LitData's reader reads the rows there.
+            from .arrow import ipc_rows
+
+            rows = ipc_rows(view[footer[0] : footer[1]], where)
+            if len(rows) != n:
+                raise CorruptError(f"{where}: {len(rows)} rows in the Arrow footer, not {n}")
+            yield from rows
+            return
         offsets = struct.unpack_from(f"<{n + 1}I", view, 4)
         leaves = len(self.decoders)
         for i in range(n):
@@ -452,6 +463,19 @@ class Layout:
                 yield {"value": sample}
             else:
                 yield {str(k): v for k, v in enumerate(sample)}
+
+
+_ARROW_FOOTER_MAGIC = b"LDARW01\0"
+
+
+def arrow_footer(view: memoryview) -> tuple[int, int] | None:
+    """Where a chunk's trailing Arrow IPC rows lie (``[ipc][its length: u32][LDARW01\0]``
+    at the end of the file), or None when it has none."""
+    if len(view) < 12 or bytes(view[-8:]) != _ARROW_FOOTER_MAGIC:
+        return None
+    (size,) = _U32.unpack_from(view, len(view) - 12)
+    start = len(view) - 12 - size
+    return (start, start + size) if start >= 0 and size > 0 else None
 
 
 _FRAMED_MAGIC = b"LDFZ01\0\0"

@@ -14,6 +14,16 @@ a: 1 KiB bytes, b: 1 KiB bytes, c: 2 KiB bytes} is built once (not timed). Then:
 
     python bench/bench_fields.py [--quick] [--repeat N] [--json out.json]
 
+``--vs-lance``: instead, on W1 (``{id: int, tokens: 2 KiB bytes}``, 200,000 samples), a field
+computed from ``id`` (``id * 2``), reading only ``id``: ``add_fields(fn, ["id2"],
+inputs=["id"], batch_size=...)`` (``fn`` given an Arrow RecordBatch, and given a dict of
+lists) against Lance's ``add_columns(udf, read_columns=["id"])`` with the same Arrow
+function, each on a fresh copy, round robin, median of ``--repeat``; the call and an fsync of
+the dataset's folder are timed (txstore fsyncs what it writes; Lance does not). Needs pyarrow
+and pylance besides txstore (no torch)::
+
+    python bench/bench_fields.py --vs-lance [--quick] [--repeat N] [--json out.json]
+
 See bench/README.md for the setup.
 """
 
@@ -628,6 +638,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--skip-reads", action="store_true", help="only add_fields")
     parser.add_argument("--profile", action="store_true", help="also cProfile add_fields and reads")
+    parser.add_argument(
+        "--vs-lance", action="store_true", help="only a field from id, against Lance add_columns"
+    )
+    parser.add_argument(
+        "--batch-size", type=int, default=65_536, help="--vs-lance: rows per call of fn"
+    )
     return parser.parse_args(argv)
 
 
@@ -639,6 +655,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     global _POOLS
     started = time.perf_counter()
     args = parse_args(argv)
+    if args.vs_lance:
+        return vs_lance(args, started)
     import txstore.torch  # noqa: F401  (torch is imported before any timing)
 
     info = machine(args.workdir)
@@ -678,6 +696,155 @@ def run_reads(base: Path, args: argparse.Namespace, report: dict[str, Any], coun
     verdicts = print_read_table(reads)
     print_read_verdicts(verdicts)
     report["read_verdicts"] = verdicts
+
+
+# --------------------------------------------------------------------------- --vs-lance
+
+W1_PAYLOAD = 2 * 1024
+VS_LANCE_TARGET = 1.2  # txstore's add-field rate over Lance's, at least
+
+
+def _w1_table(count: int) -> Any:
+    import pyarrow as pa
+
+    blob = os.urandom(count * W1_PAYLOAD)
+    tokens = [blob[i * W1_PAYLOAD : (i + 1) * W1_PAYLOAD] for i in range(count)]
+    return pa.table({"id": pa.array(range(count), pa.int64()), "tokens": pa.array(tokens)})
+
+
+def _copy(base: Path, workdir: Path) -> Path:
+    out = Path(tempfile.mkdtemp(prefix="fields-copy-", dir=workdir)) / "ds"
+    shutil.copytree(base, out)
+    _fsync_tree(out)  # the copy's own writes are not the add's to pay for
+    return out
+
+
+def _fsync_tree(root: Path) -> None:
+    for dirpath, _, names in os.walk(root):
+        for name in names:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fd = os.open(dirpath, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _twice_arrow(batch: Any) -> Any:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    return pa.record_batch([pc.multiply(batch.column("id"), 2)], names=["id2"])
+
+
+def _twice_dict(batch: dict[str, list[Any]]) -> dict[str, Any]:
+    return {"id2": [i * 2 for i in batch["id"]]}
+
+
+def _run_txstore(path: Path, batch_size: int, arrow: bool) -> float:
+    import txstore
+
+    store = txstore.open(str(path))
+    start = time.perf_counter()
+    if arrow:
+        store.add_fields(
+            _twice_arrow, ["id2"], inputs=["id"], batch_size=batch_size, batch_format="arrow"
+        )
+    else:
+        store.add_fields(_twice_dict, ["id2"], inputs=["id"], batch_size=batch_size)
+    _fsync_tree(path)
+    return time.perf_counter() - start
+
+
+def _run_lance(path: Path, batch_size: int) -> float:
+    import lance
+
+    dataset = lance.dataset(str(path))
+    udf = lance.batch_udf()(_twice_arrow)
+    start = time.perf_counter()
+    dataset.add_columns(udf, read_columns=["id"], batch_size=batch_size)
+    _fsync_tree(path)
+    return time.perf_counter() - start
+
+
+def _check_txstore(path: Path, count: int) -> None:
+    import txstore
+
+    snap = txstore.open(str(path)).snapshot()
+    got = [s["id2"] for s in snap.select(["id2"])]
+    if got != [2 * i for i in range(count)]:
+        raise SystemExit(f"txstore: id2 is wrong in {path}")
+
+
+def _check_lance(path: Path, count: int) -> None:
+    import lance
+
+    got = lance.dataset(str(path)).to_table(columns=["id2"]).column("id2").to_pylist()
+    if got != [2 * i for i in range(count)]:
+        raise SystemExit(f"lance: id2 is wrong in {path}")
+
+
+def vs_lance(args: argparse.Namespace, started: float) -> int:
+    import lance
+
+    import txstore
+
+    info = machine_info(args.workdir, ("txstore", "pyarrow", "pylance", "numpy"))
+    print_machine(info)
+    report = new_report("bench_fields_vs_lance", info, args.quick, repeat=args.repeat)
+    count = NUM_SAMPLES // (QUICK_FACTOR if args.quick else 1)
+    base_dir = Path(tempfile.mkdtemp(prefix="fields-lance-", dir=args.workdir))
+    try:
+        table = _w1_table(count)
+        bases = {"txstore": base_dir / "txstore", "lance": base_dir / "lance"}
+        txstore.create(str(bases["txstore"])).append(table)  # default config
+        lance.write_dataset(table, str(bases["lance"]))
+        del table
+        runs: dict[str, Callable[[Path], float]] = {
+            "txstore (Arrow batch)": partial(_run_txstore, batch_size=args.batch_size, arrow=True),
+            "txstore (dict of lists)": partial(
+                _run_txstore, batch_size=args.batch_size, arrow=False
+            ),
+            "lance add_columns": partial(_run_lance, batch_size=args.batch_size),
+        }
+        checks = {"txstore": _check_txstore, "lance": _check_lance}
+        times: dict[str, list[float]] = {name: [] for name in runs}
+        for turn in range(args.repeat):
+            order = list(runs) if turn % 2 == 0 else list(reversed(runs))
+            for name in order:
+                system = "lance" if name.startswith("lance") else "txstore"
+                copy = _copy(bases[system], args.workdir)
+                try:
+                    gc.collect()
+                    times[name].append(runs[name](copy))
+                    if turn == 0:
+                        checks[system](copy, count)
+                finally:
+                    shutil.rmtree(copy.parent, ignore_errors=True)
+    finally:
+        shutil.rmtree(base_dir, ignore_errors=True)
+    medians = {name: statistics.median(t) for name, t in times.items()}
+    lance_s = medians["lance add_columns"]
+    print(f"\nW1, {count:,} samples: a field computed from id (id * 2), reading only id")
+    print(f"{'':26} {'median s':>9} {'samples/s':>12} {'vs lance':>9}")
+    rows = []
+    for name, median in medians.items():
+        speed = lance_s / median
+        print(f"{name:26} {median:9.4f} {count / median:12,.0f} {speed:8.2f}x")
+        rows.append({"system": name, "median_s": median, "runs_s": times[name], "vs_lance": speed})
+    best = lance_s / medians["txstore (Arrow batch)"]
+    verdict = "met" if best >= VS_LANCE_TARGET else "NOT met"
+    print(f"target: txstore (same Arrow function) >= {VS_LANCE_TARGET}x Lance's rate: {verdict}")
+    report["samples"] = count
+    report["batch_size"] = args.batch_size
+    report["add_field_from_id"] = rows
+    report["target"] = {"ratio": VS_LANCE_TARGET, "got": best, "met": best >= VS_LANCE_TARGET}
+    finish_report(report, args.json, started)
+    return 0
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ class Request:
     number: int  # 1, 2, ... in arrival order since the last reset
     method: str
     path: str
+    range: str = ""  # the Range header, if any
 
 
 @dataclass
@@ -127,6 +128,12 @@ class Proxy:
     upstream: tuple[str, int]
     rules: list[Rule] = field(default_factory=list)
     seen: list[Request] = field(default_factory=list)
+    #: (method, path, body bytes) of each reply passed on to the client, in order.
+    replied: list[tuple[str, str, int]] = field(default_factory=list)
+    #: When each request arrived and when its reply was passed on (monotonic seconds), by
+    #: request number: what ``round_trips`` orders them by.
+    arrived: dict[int, float] = field(default_factory=dict)
+    answered: dict[int, float] = field(default_factory=dict)
     strip: frozenset[str] = frozenset()  # request headers removed before forwarding
 
     def __post_init__(self) -> None:
@@ -148,6 +155,22 @@ class Proxy:
         with self._lock:
             self.rules = list(rules)
             self.seen = []
+            self.replied = []
+            self.arrived = {}
+            self.answered = {}
+
+    def round_trips(self) -> int:
+        """The longest chain of requests each sent after the reply to the one before it
+        was passed on: how many round trips the client waited, one after another. (Delay
+        every reply a little for a clear answer: requests sent together then all arrive
+        before any reply leaves.)"""
+        with self._lock:
+            arrived, answered = dict(self.arrived), dict(self.answered)
+        depth: dict[int, int] = {}
+        for number in sorted(arrived, key=arrived.__getitem__):
+            before = [depth[q] for q in depth if answered.get(q, float("inf")) <= arrived[number]]
+            depth[number] = 1 + max(before, default=0)
+        return max(depth.values(), default=0)
 
     def disarm(self) -> None:
         """No more faults; what was seen stays readable."""
@@ -176,20 +199,22 @@ class Proxy:
             for target in (self._requests, self._replies):
                 threading.Thread(target=target, args=(client, server, fates), daemon=True).start()
 
-    def _fate(self, method: str, path: str) -> Rule | _Release | None:
+    def _fate(self, method: str, path: str, span: str = "") -> tuple[int, Rule | _Release | None]:
         with self._lock:
-            request = Request(len(self.seen) + 1, method, path)
+            request = Request(len(self.seen) + 1, method, path, span)
             self.seen.append(request)
+            self.arrived[request.number] = time.monotonic()
+            number = request.number
             for rule in self.rules:
                 reads = method in ("GET", "HEAD")
                 if reads and rule.held is not None and rule.held[0] == path:
                     held, rule.held = rule.held[1], None
-                    return _Release(held)
+                    return number, _Release(held)
             for rule in self.rules:
                 if rule.times > 0 and rule.match(request):
                     rule.times -= 1
-                    return rule
-        return None
+                    return number, rule
+        return number, None
 
     def _requests(self, client: socket.socket, server: socket.socket, fates: queue.Queue) -> None:
         reader = _Reader(client)
@@ -197,13 +222,13 @@ class Proxy:
             while (message := reader.head()) is not None:
                 raw, first, headers = message
                 method, path, _ = first.split(" ", 2)
-                fate = self._fate(method, path)
+                number, fate = self._fate(method, path, headers.get("range", ""))
                 if isinstance(fate, Rule) and fate.action == "late":
                     self._hold(fate, client, reader, message, path)
                     continue  # no answer comes: the client times out
                 if isinstance(fate, Rule) and fate.action == "lose":
                     return  # the server never hears of it
-                fates.put((method, fate))  # before the server can answer
+                fates.put((method, path, number, fate))  # before the server can answer
                 # The head goes first: with "Expect: 100-continue" the client sends its body
                 # only after the server's interim reply.
                 server.sendall(_without(raw, self.strip) if self.strip else raw)
@@ -248,7 +273,7 @@ class Proxy:
                 if status < 200:  # 100 Continue: an interim reply, not the answer
                     client.sendall(raw)
                     continue
-                method, rule = fates.get(timeout=_IO_TIMEOUT)
+                method, path, number, rule = fates.get(timeout=_IO_TIMEOUT)
                 no_body = method == "HEAD" or status in (204, 304)
                 body = reader.body(headers, has_body=not no_body)
                 if isinstance(rule, _Release):  # the write lands before the client hears
@@ -257,6 +282,9 @@ class Proxy:
                     return  # the server answered; the client never hears it
                 elif rule is not None and rule.action == "delay":
                     time.sleep(rule.delay)  # bounded: the rule's delay, once per reply
+                with self._lock:  # before the client can see it, and so send the next
+                    self.replied.append((method, path, len(body)))
+                    self.answered[number] = time.monotonic()
                 client.sendall(raw + body)
         except (OSError, queue.Empty):
             pass

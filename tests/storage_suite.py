@@ -115,6 +115,30 @@ class StorageSuite:
         storage.write("chunks/a.chunk", b"new")
         assert storage.read("chunks/a.chunk") == b"new"
 
+    def test_read_ranges_returns_each_range_in_order(self, storage: Storage) -> None:
+        payload = os.urandom(3 * 1024 * 1024 + 17)
+        storage.write("chunks/parts.chunk", payload)
+        # Parts of a whole object (as a chunk is streamed), out of order, overlapping, past
+        # the end, and more of them than the backend keeps in flight.
+        step = len(payload) // 40 + 1
+        ranges = [(start, start + step) for start in range(0, len(payload), step)]
+        ranges += [(10, 20), (5, 15), (len(payload) - 3, len(payload) + 100), (0, 1)]
+        random.Random(7).shuffle(ranges)
+        got = storage.read_ranges("chunks/parts.chunk", ranges)
+        assert got == [payload[start:end] for start, end in ranges]
+        assert storage.read_ranges("chunks/parts.chunk", []) == []
+        with pytest.raises(NotFoundError):
+            storage.read_ranges("chunks/absent.chunk", [(0, 4), (4, 8)])
+
+    def test_read_many_reads_each_key_and_none_for_missing_ones(self, storage: Storage) -> None:
+        objects = {f"segments/{i}.json": os.urandom(100 + i) for i in range(40)}
+        for key, data in objects.items():
+            storage.write(key, data)
+        keys = [*objects, "segments/absent.json", "versions/index.v9.json"]
+        random.Random(3).shuffle(keys)
+        assert storage.read_many(keys) == [objects.get(key) for key in keys]
+        assert storage.read_many([]) == []
+
     def test_read_buffer_is_the_whole_object_and_outlives_a_delete(self, storage: Storage) -> None:
         payload = bytes(range(256)) * 4099  # over a page, not a whole number of pages
         storage.write("chunks/big.chunk", [payload[:1000], memoryview(payload)[1000:]])
@@ -239,6 +263,8 @@ class StorageSuite:
             "list": lambda: list(storage.list("versions/")),
             "read": lambda: storage.read(key),
             "read_range": lambda: storage.read_range(key, 0, 4),
+            "read_ranges": lambda: storage.read_ranges(key, [(0, 4), (4, 8)]),
+            "read_many": lambda: storage.read_many([key, key]),
             "read_buffer": lambda: storage.read_buffer(key),
             "read_with_token": lambda: storage.read_with_token(key),
             "write": lambda: storage.write(key, b"x"),

@@ -8,6 +8,7 @@ import gc
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,7 +20,7 @@ import txstore
 from txstore.errors import EncodeError
 from txstore.storage import open_storage
 from txstore.storage.local import TEMP_PREFIX
-from txstore.store.writer import STREAM_BYTES
+from txstore.store.writer import MAX_PENDING_UPLOADS, STREAM_BYTES
 
 from .conftest import Backend
 from .faults import FaultyStorage, InjectedFault
@@ -204,3 +205,27 @@ def test_a_transaction_left_by_an_exception_aborts_its_open_writers(tmp_path: Pa
     assert not _temp_files(root)
     assert list(store.storage.list("chunks/")) == []
     assert store.version == 0
+
+
+class _ThreadsOfWrites(FaultyStorage):
+    """Records the thread each ``write`` runs on (the thread objects: idents are reused)."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.threads: list[threading.Thread] = []
+
+    def write(self, key: str, data: Any) -> None:
+        self.threads.append(threading.current_thread())
+        super().write(key, data)
+
+
+def test_chunks_are_stored_by_a_few_reused_threads(tmp_path: Path) -> None:
+    storage = _ThreadsOfWrites(open_storage(str(tmp_path / "s")))
+    store = txstore.create(storage, chunk_bytes=4096, compression=None)
+    store.append({"i": i, "blob": bytes(1000)} for i in range(200))
+    chunks = store.snapshot().chunks()
+    assert len(chunks) >= 40
+    uploads = [t for t in storage.threads if t is not threading.main_thread()]
+    assert len(uploads) >= len(chunks)  # every chunk stored off the caller's thread
+    assert len(set(uploads)) <= MAX_PENDING_UPLOADS + 1
+    assert sorted(s["i"] for s in store.snapshot()) == list(range(200))

@@ -8,8 +8,10 @@
   - ``RefChangedError``: a compare-and-swap lost (HEAD, a tag, the retention record
     changed since it was read); read again and retry.
 - ``CommitStateUnknownError``: the commit may or may not have landed; look before retrying.
-- ``NotFoundError``: the store, version, tag or file named does not exist.
-- ``AlreadyExistsError``: the thing to be created exists already.
+- ``NotFoundError``: the store, version, tag, field or file named does not exist;
+  ``FieldMissingError``: some samples lack a field a reader asked for (tell it what to do).
+- ``AlreadyExistsError``: the thing to be created exists already (a store, a tag, a field:
+  say to replace it).
 - ``CorruptError``: stored bytes are damaged, foreign or unsafe; repair or restore.
 - ``UnsupportedFormatError``: written by a newer txstore; upgrade to read it.
 - ``EncodeError``: a sample holds a value the format cannot store; fix the input.
@@ -144,6 +146,34 @@ class FieldNotFoundError(NotFoundError, KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
+
+
+class FieldMissingError(FieldNotFoundError):
+    """Some samples of the snapshot lack a field a reader asked for.
+
+    ``field``: the field; ``count``: how many samples lack it; ``samples``: the first of them.
+    Tell the reader what to do with them (``missing="skip"`` or a fill value), or give them
+    the field (``add_fields(..., missing_only=True)``).
+    """
+
+    def __init__(self, message: str, *, field: str, count: int, samples: tuple[int, ...]) -> None:
+        super().__init__(message)
+        self.field = field
+        self.count = count
+        self.samples = samples
+
+    def __reduce__(self) -> tuple[object, ...]:  # crosses back from DataLoader workers
+        return (_field_missing, (self.args[0], self.field, self.count, self.samples))
+
+
+def _field_missing(message: str, field: str, count: int, samples: tuple[int, ...]) -> Exception:
+    return FieldMissingError(message, field=field, count=count, samples=samples)
+
+
+class FieldExistsError(AlreadyExistsError):
+    """``add_fields`` was asked for a field that samples have already: pass ``replace=True``
+    to replace their values, or ``missing_only=True`` to compute it only where it is missing.
+    Nothing was committed."""
 
 
 class TagNotFoundError(NotFoundError, KeyError):

@@ -114,9 +114,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("log", _cmd_log, "the commit history, newest first")
     p.add_argument("--limit", type=int, default=None, help="show at most N commits")
-    p = add("show", _cmd_show, "one commit in detail: operation, samples, tags, leases, files")
+    p = add(
+        "show", _cmd_show, "one commit in detail: operation, samples, tags, leases, files, fields"
+    )
     p.add_argument("ref", metavar="VERSION", help="a version number or tag")
-    p = add("info", _cmd_info, "size and settings of a version")
+    p = add("info", _cmd_info, "size, settings and fields of a version")
     p.add_argument("--version", default=None, metavar="VERSION", help="default: the latest")
     p = add("ls", _cmd_ls, "the chunk files of a version, with samples and bytes")
     p.add_argument("--version", default=None, metavar="VERSION", help="default: the latest")

@@ -9,6 +9,7 @@ from typing import Any
 
 from ..store.core import Store
 from ..store.history import Diff
+from ..store.views import FieldSchema, Schema
 from .output import (
     EXIT_DAMAGED,
     EXIT_OK,
@@ -81,12 +82,15 @@ def _cmd_show(store: Store, args: argparse.Namespace) -> int:
         ],
         "config": dataclasses.asdict(store.config),
     }
+    schema = None
     if not expired:
         snap = store.snapshot(v)
         chunks = snap.chunks()
         info["segments"] = len(snap.manifest.segments)
         info["chunks"] = len(chunks)
         info["bytes"] = sum(c.total_size for c in chunks)
+        schema = snap.schema()
+        info["fields"] = schema.to_dict()["fields"]
     if args.json:
         _print_json(info)
         return EXIT_OK
@@ -112,13 +116,59 @@ def _cmd_show(store: Store, args: argparse.Namespace) -> int:
             f"files:      {info['chunks']:,} chunks, {_bytes(info['bytes'])}, "
             f"{info['segments']} segments"
         )
+    if schema is not None:
+        _print_schema(schema)
     return EXIT_OK
+
+
+def _runs(ranges: Sequence[tuple[int, int]], limit: int = 4) -> str:
+    """Runs of samples as people read them: "0-7,999, 8,500-8,999" (the first few)."""
+    shown = [f"{a:,}" if b == a + 1 else f"{a:,}-{b - 1:,}" for a, b in ranges[:limit]]
+    if len(ranges) > limit:
+        shown.append(f"... ({len(ranges):,} runs)")
+    return ", ".join(shown)
+
+
+def _versions(field: FieldSchema) -> str:
+    said = [f"v{a}" if a == b else f"v{a}-{b}" for a, b in field.versions]
+    if field.partly:
+        said.append("in part " + ", ".join(f"v{v}" for v in field.partly))
+    return ", ".join(said)
+
+
+def _print_schema(schema: Schema) -> None:
+    if not schema.fields:
+        print("fields:     none")
+        return
+    print("fields:")
+    rows = [
+        [
+            f.name,
+            f.type,
+            f"{f.count:,}",
+            "all" if f.complete else _runs(f.ranges),
+            _versions(f),
+        ]
+        for f in schema.fields
+    ]
+    cells = [["  name", "type", "samples", "which", "appended by"]] + [
+        ["  " + r[0], *r[1:]] for r in rows
+    ]
+    widths = [max(len(row[i]) for row in cells) for i in range(5)]
+    for row in cells:
+        print(
+            "  ".join(
+                c.rjust(w) if i == 2 else c.ljust(w)
+                for i, (c, w) in enumerate(zip(row, widths, strict=True))
+            ).rstrip()
+        )
 
 
 def _cmd_info(store: Store, args: argparse.Namespace) -> int:
     snap = store.snapshot(args.version)
     chunks = snap.chunks()
-    info = {
+    schema = snap.schema()
+    info: dict[str, Any] = {
         "uri": store.uri,
         "version": snap.version,
         "samples": len(snap),
@@ -128,10 +178,11 @@ def _cmd_info(store: Store, args: argparse.Namespace) -> int:
         "config": dataclasses.asdict(snap.config),
     }
     if args.json:
-        _print_json(info)
+        _print_json({**info, "fields": schema.to_dict()["fields"]})
         return EXIT_OK
     for key, value in info.items():
         print(f"{key:>9}: {value:,}" if isinstance(value, int) else f"{key:>9}: {value}")
+    _print_schema(schema)
     return EXIT_OK
 
 

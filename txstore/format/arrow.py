@@ -678,3 +678,14 @@ def chunk_table(
     if not names_out:
         return empty_table(block_starts[-1])
     return pa.Table.from_arrays(arrays, names=names_out)
+
+
+def record_batch(names: list[str], columns: list[list[Any]]) -> pa.RecordBatch:
+    """Python values by column (None for a sample without the field) as one RecordBatch,
+    typed as ``Snapshot.to_batches`` types them."""
+    arrays = [py_array(values, name) for name, values in zip(names, columns, strict=True)]
+    return pa.RecordBatch.from_arrays(arrays, names=names)
+
+
+def is_arrow(obj: Any) -> bool:
+    return isinstance(obj, pa.RecordBatch | pa.Table)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import struct
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from itertools import accumulate, islice, repeat, zip_longest
+from itertools import accumulate, islice, pairwise, repeat, zip_longest
 from operator import add as plus
 from operator import itemgetter
 from typing import Any
@@ -450,6 +450,48 @@ class ChunkBuilder:
             if self._size >= limit:
                 break
         return i - start
+
+    def add_column_blocks(self, batch: ColumnBatch, ends: Sequence[int], position: int) -> None:
+        """Add every row of a batch of columns in blocks that end at ``ends`` (the block
+        boundaries of a chunk, for a field file that copies them; the last is ``num_rows``).
+        An open block of samples is sealed first."""
+        self._seal_block()
+        if not ends or ends[-1] != batch.num_rows:
+            raise ValueError(f"block ends {ends[-1:]} do not end at {batch.num_rows} rows")
+        spans = np.asarray([0, *ends], dtype=np.int64)
+        if np.any(np.diff(spans) < 1) or np.any(np.diff(spans) > MAX_BLOCK_SAMPLES):
+            raise ValueError(f"blocks hold 1 to {MAX_BLOCK_SAMPLES} rows each")
+        row_ends = batch.row_ends()
+        too_big = np.diff(row_ends[spans]) > _CHECK_BLOCK_AT
+        if np.any(too_big & (np.diff(spans) > 1)):
+            k = int(np.argmax(too_big))
+            raise EncodeError(
+                f"samples {position + int(spans[k])}..{position + int(spans[k + 1]) - 1}: the "
+                "values of one block would pass 4 GiB (a frame's offsets are 32-bit)"
+            )
+        bounds = spans.tolist()
+        sizes = np.diff(spans)
+        heads = [_array_header(j - i) for i, j in pairwise(bounds)]
+        head_lengths = np.fromiter(map(len, heads), dtype=np.int64, count=len(heads))
+        columns = []
+        for name, column in zip(batch.names, batch.columns, strict=True):
+            self._columns.setdefault(name, len(self._columns))
+            offsets = column.offsets
+            # Every block's offset table at once: a value's offset from its block's first
+            # value, past the block's array header.
+            starts = np.repeat(offsets[spans[:-1]] - head_lengths, sizes)
+            tables = memoryview((offsets[:-1] - starts).astype("<u4").tobytes())
+            columns.append((name, offsets[spans].tolist(), column.data.data, tables))
+        width = len(batch.names)
+        for number, (i, j) in enumerate(pairwise(bounds)):
+            head = heads[number]
+            for name, ends, data, tables in columns:
+                body = data[ends[number] : ends[number + 1]]
+                table = tables[4 * i : 4 * j]
+                raw_length = len(head) + len(body) + len(table)
+                self._store_frame(name, (head, body, table), raw_length, False)
+            self._sealed.blocks.append((j - i, width))
+            self._num_samples += j - i
 
     def _open_block(self, fast: _FastPath) -> None:
         """The open block's first sample took ``fast``: its columns are the path's keys."""

@@ -367,6 +367,23 @@ def decode_value(
         raise UnsupportedFormatError(f"{layout.where}: {e}") from e
 
 
+def frame_presence(buf: FileBytes, frame: FrameIndex, n: int, layout: ChunkLayout) -> list[bool]:
+    """Which of a frame's ``n`` values are present (not ABSENT), from its offset table alone:
+    no value is decoded. A frame not flagged sparse holds no ABSENT marker."""
+    if not frame.flags & FLAG_SPARSE:
+        return [True] * n
+    raw = _frame_raw(buf, 0, frame, layout)
+    table = len(raw) - 4 * n
+    if table < 1:
+        raise CorruptError(f"{layout.where}: the frame at {frame.offset} is too short")
+    starts = [*struct.unpack_from(f"<{n}I", raw, table), table]
+    marker, width = ABSENT_BYTES, len(ABSENT_BYTES)
+    return [
+        not (starts[k + 1] - starts[k] == width and raw[starts[k] : starts[k + 1]] == marker)
+        for k in range(n)
+    ]
+
+
 def select_frames(
     layout: ChunkLayout, block: int, fields: frozenset[str] | None
 ) -> Sequence[FrameIndex]:
@@ -461,6 +478,58 @@ def decode_blocks(
             yield [{name: value for name, value in row.items() if value is not ABSENT}]
         else:
             yield [row]
+
+
+def decode_columns(
+    parts: list[tuple[ChunkLayout, FileBytes, frozenset[str] | None]],
+    decoder: ValueDecoder,
+    checked: Sequence[bool] = (),
+) -> dict[str, list[Any]]:
+    """Each kept column of a chunk's sources (as for ``decode_blocks``) as one list of its
+    values in sample order, None where a sample lacks it: a column at a time, with no dict
+    per sample, for a reader that wants columns."""
+    total = parts[0][0].block_starts[-1]
+    out: dict[str, list[Any]] = {}
+    for number, (layout, buf, keep) in enumerate(parts):
+        check = None if number < len(checked) and checked[number] else layout.check
+        whole = None if isinstance(buf, Ranges) else memoryview(buf)
+        names, where = layout.columns, layout.where
+        for block_number, block in enumerate(layout.footer.blocks):
+            n, low = block.num_samples, layout.block_starts[block_number]
+            for frame in block.frames:
+                name = names[frame.column]
+                if keep is not None and name not in keep:
+                    continue
+                offset, length = frame.offset, frame.length
+                if whole is not None:
+                    stored = whole[offset : offset + length]
+                else:
+                    assert isinstance(buf, Ranges)
+                    stored = buf.view(offset, length)
+                if len(stored) != length:
+                    raise CorruptError(f"{where}: truncated frame at offset {offset}")
+                raw = open_frame(
+                    stored, frame.codec, frame.raw_length, frame.checksum, check, where
+                )
+                table = len(raw) - 4 * n
+                try:
+                    if frame.flags & FLAG_SPARSE:
+                        values = [
+                            None if v is ABSENT else v for v in decoder.decode_sparse(raw[:table])
+                        ]
+                    else:
+                        values = decoder.decode_list_plain(raw[:table])
+                except (msgspec.DecodeError, CorruptError) as e:
+                    raise CorruptError(f"{where}: bad frame at offset {offset}: {e}") from e
+                except UnsupportedFormatError as e:
+                    raise UnsupportedFormatError(f"{where}: {e}") from e
+                if type(values) is not list or len(values) != n:
+                    raise CorruptError(_miscounted(where, offset, values, n))
+                column = out.get(name)
+                if column is None:
+                    column = out[name] = [None] * total
+                column[low : low + n] = values
+    return out
 
 
 def _miscounted(where: str, offset: int, values: Any, n: int) -> str:

@@ -52,6 +52,31 @@ class ColumnBatch:
     columns: tuple[Encoded, ...]
     num_rows: int
 
+    def rows(self, start: int, stop: int) -> ColumnBatch:
+        """Rows [start, stop) of the batch (views of its bytes)."""
+        columns = []
+        for column in self.columns:
+            offsets = column.offsets[start : stop + 1]
+            columns.append(Encoded(column.data[offsets[0] : offsets[-1]], offsets - offsets[0]))
+        return ColumnBatch(self.names, tuple(columns), stop - start)
+
+    @staticmethod
+    def concat(batches: Sequence[ColumnBatch]) -> ColumnBatch:
+        """Batches of the same columns, one after the other."""
+        if len(batches) == 1:
+            return batches[0]
+        names = batches[0].names
+        columns = []
+        for k in range(len(names)):
+            parts = [b.columns[k] for b in batches]
+            data = np.concatenate([p.data[p.offsets[0] : p.offsets[-1]] for p in parts])
+            offsets, base = [np.zeros(1, dtype=np.int64)], 0
+            for p in parts:
+                offsets.append(p.offsets[1:] - p.offsets[0] + base)
+                base += int(p.offsets[-1] - p.offsets[0])
+            columns.append(Encoded(data, np.concatenate(offsets)))
+        return ColumnBatch(names, tuple(columns), sum(b.num_rows for b in batches))
+
     def row_ends(self) -> np.ndarray[Any, Any]:
         """The running total of the rows' encoded sizes (``num_rows + 1`` values)."""
         total = np.zeros(self.num_rows + 1, dtype=np.int64)
@@ -437,4 +462,49 @@ def _batches(items: Iterator[Any], position: int) -> Iterator[ColumnBatch]:
             yield batch
 
 
-__all__ = ["ColumnBatch", "Encoded", "as_columns", "peek_columns"]
+def decoded(column: Encoded) -> list[Any]:
+    """A column's values as the format reads them back (an Arrow column's as if appended)."""
+    from .values import ValueDecoder
+
+    decoder = ValueDecoder()
+    data, offsets = column.data, column.offsets
+    return [
+        decoder.decode(data[int(offsets[i]) : int(offsets[i + 1])].tobytes())
+        for i in range(len(column))
+    ]
+
+
+def plain_ints(values: list[Any]) -> np.ndarray[Any, Any] | None:
+    """A list of Python ints that fit in 64 bits as an int64 array (encoded a column at a
+    time, reading back as the same ints); None for any other list."""
+    if not values or set(map(type, values)) != {int}:
+        return None
+    try:
+        return np.array(values, dtype=np.int64)
+    except OverflowError:
+        return None
+
+
+def column_rows(column: Any) -> list[Any] | None:
+    """A column's values, one per row: a list or tuple as it is, a numpy array's rows as
+    copies (its caller may reuse the buffer) and its scalars as Python values; None for
+    anything else."""
+    if isinstance(column, np.ndarray):
+        if column.ndim == 1 and column.dtype.kind in "biuf":
+            values: list[Any] = column.tolist()
+            return values
+        return [np.array(row) if isinstance(row, np.ndarray) else row for row in column]
+    if isinstance(column, list | tuple):
+        return list(column)
+    return None
+
+
+__all__ = [
+    "ColumnBatch",
+    "Encoded",
+    "as_columns",
+    "column_rows",
+    "decoded",
+    "peek_columns",
+    "plain_ints",
+]

@@ -77,7 +77,8 @@ class TxstoreDatasource(Datasource):
 
     def __init__(self, snapshot: Snapshot, *, fields: list[str] | None = None) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
-        self._snapshot = snapshot if fields is None else snapshot.select(fields)
+        # Arrow blocks hold a null where a sample lacks a field, as Snapshot.to_batches does.
+        self._snapshot = snapshot if fields is None else snapshot.select(fields, missing=None)
 
     def estimate_inmemory_data_size(self) -> int | None:
         return sum(c.size for c in self._snapshot.chunk_refs())

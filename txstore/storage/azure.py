@@ -21,9 +21,9 @@ from typing import Any, TypeVar
 import adlfs
 from azure.core import MatchConditions
 from azure.core.exceptions import HttpResponseError
-from fsspec.asyn import sync
 
 from ..errors import AlreadyExistsError, NotFoundError, RefChangedError, StorageError
+from .aio import LoopReads, run
 from .base import Data, FileInfo, Storage, join
 
 _T = TypeVar("_T")
@@ -44,8 +44,9 @@ def _code(exc: BaseException) -> str:
     return str(getattr(exc, "error_code", "") or "")
 
 
-class AzureStorage(Storage):
+class AzureStorage(LoopReads, Storage):
     range_merge_gap = 256 * 1024  # a GET costs a round trip, as on S3
+    max_in_flight = 16
 
     def __init__(self, uri: str, storage_options: dict[str, Any] | None = None) -> None:
         self.uri = uri.rstrip("/")
@@ -78,29 +79,34 @@ class AzureStorage(Storage):
         return self._prefix + key
 
     def _run(self, make: Callable[[], Awaitable[_T]]) -> _T:
-        async def call() -> _T:
-            return await make()
-
-        result: _T = sync(self._fs.loop, call)
-        return result
+        return run(self._fs.loop, make)
 
     def _fail(self, action: str, key: str, exc: Exception) -> Exception:
         if _status(exc) == 404:
             return NotFoundError(f"{self.uri}/{key} does not exist")
         return StorageError(f"cannot {action} {self.uri}/{key}: {exc}")
 
-    def _download(
+    async def _get(
         self, key: str, offset: int | None = None, length: int | None = None
     ) -> tuple[bytes, str]:
         blob = self._container.get_blob_client(self._name(key))
+        stream = await blob.download_blob(offset=offset, length=length, **self._per_request)
+        data: bytes = await stream.readall()
+        # The SDK pins every part of a download to the ETag of its first reply.
+        return data, str(stream.properties.etag)
 
-        async def get() -> tuple[bytes, str]:
-            stream = await blob.download_blob(offset=offset, length=length, **self._per_request)
-            data: bytes = await stream.readall()
-            # The SDK pins every part of a download to the ETag of its first reply.
-            return data, str(stream.properties.etag)
+    def _download(
+        self, key: str, offset: int | None = None, length: int | None = None
+    ) -> tuple[bytes, str]:
+        return self._run(lambda: self._get(key, offset, length))
 
-        return self._run(get)
+    async def _read_range(self, key: str, start: int, end: int) -> bytes:
+        try:
+            return (await self._get(key, start, end - start))[0]
+        except Exception as e:
+            if _status(e) == 416:  # the range starts at or past the end of the blob
+                return b""
+            raise self._fail("read", key, e) from e
 
     def read(self, key: str) -> bytes:
         try:
@@ -111,11 +117,12 @@ class AzureStorage(Storage):
     def read_range(self, key: str, start: int, end: int) -> bytes:
         if end <= start:
             return self._empty_range(key)
+        return self._run(lambda: self._read_range(key, start, end))
+
+    async def _aread(self, key: str) -> bytes:
         try:
-            return self._download(key, start, end - start)[0]
+            return (await self._get(key))[0]
         except Exception as e:
-            if _status(e) == 416:  # the range starts at or past the end of the blob
-                return b""
             raise self._fail("read", key, e) from e
 
     def _upload(self, key: str, data: bytes, **condition: Any) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, NamedTuple, TypeAlias
 
 from ..errors import NotFoundError
@@ -44,6 +44,8 @@ class Storage(ABC):
     #: Reads of ranges closer than this are merged into one: 0 where a read is a cheap
     #: syscall, more where each read is a round trip.
     range_merge_gap: int = 0
+    #: How many requests ``read_ranges`` keeps in flight at once (1: one after another).
+    max_in_flight: int = 1
     #: Whether another process opening ``uri`` with ``storage_options`` sees the same objects
     #: (False for a memory store, which lives in one process: worker processes cannot use it).
     shared_across_processes: bool = True
@@ -70,6 +72,18 @@ class Storage(ABC):
     def read(self, key: str) -> bytes:
         """The whole object."""
 
+    def read_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        """``read`` of each key, None for a missing one, in order. A backend whose reads are
+        round trips sends them together (as ``read_ranges``): opening a store reads its
+        manifest and probes the next version in one round trip, its segments in one more."""
+        found: list[bytes | None] = []
+        for key in keys:
+            try:
+                found.append(self.read(key))
+            except NotFoundError:
+                found.append(None)
+        return found
+
     def read_buffer(self, key: str) -> bytes | memoryview:
         """The whole object, as ``read``; where a backend can, a read-only view of a mapped
         file instead: no copy, no fresh memory. Only for objects never rewritten (chunks)."""
@@ -91,6 +105,12 @@ class Storage(ABC):
     def read_range(self, key: str, start: int, end: int) -> bytes:
         """Bytes [start, end) of the object; shorter only if the object is shorter. Always of
         the object now under the key, whichever process last wrote it."""
+
+    def read_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        """``read_range`` of each (start, end), in order. A backend whose reads are round
+        trips sends them together, at most ``max_in_flight`` at once: a chunk read as parts
+        over several connections, or a field's frames, wait one round trip, not one each."""
+        return [self.read_range(key, start, end) for start, end in ranges]
 
     def read_range_view(self, key: str, start: int, end: int) -> bytes | memoryview:
         """As ``read_range``; where a backend can, a view of a mapped file instead of a copy.

@@ -23,6 +23,7 @@ import gcsfs
 from gcsfs.retry import HttpError
 
 from ..errors import AlreadyExistsError, NotFoundError, RefChangedError, StorageError
+from .aio import LoopReads, run
 from .base import Data, FileInfo, Storage, join
 
 
@@ -44,8 +45,9 @@ def _mtime(stamp: str | None) -> float:
     return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
-class GcsStorage(Storage):
+class GcsStorage(LoopReads, Storage):
     range_merge_gap = 256 * 1024  # a GET costs a round trip, as on S3
+    max_in_flight = 16
 
     def __init__(self, uri: str, storage_options: dict[str, Any] | None = None) -> None:
         self.uri = uri.rstrip("/")
@@ -86,15 +88,28 @@ class GcsStorage(Storage):
         except Exception as e:
             raise self._fail("read", key, e) from e
 
-    def read_range(self, key: str, start: int, end: int) -> bytes:
-        if end <= start:
-            return self._empty_range(key)
+    async def _read_range(self, key: str, start: int, end: int) -> bytes:
+        headers = {"Range": f"bytes={start}-{end - 1}"}
         try:
-            return self._get(key, start, end)[1]
+            media = self._media(key)
+            found: tuple[Any, bytes] = await self._fs._call("GET", media, headers=headers)
         except Exception as e:
             if _status(e) == 416:  # the range starts at or past the end of the object
                 return b""
             raise self._fail("read", key, e) from e
+        return found[1]
+
+    def read_range(self, key: str, start: int, end: int) -> bytes:
+        if end <= start:
+            return self._empty_range(key)
+        return run(self._fs.loop, lambda: self._read_range(key, start, end))
+
+    async def _aread(self, key: str) -> bytes:
+        try:
+            found: tuple[Any, bytes] = await self._fs._call("GET", self._media(key))
+        except Exception as e:
+            raise self._fail("read", key, e) from e
+        return found[1]
 
     def write(self, key: str, data: Data) -> None:
         try:

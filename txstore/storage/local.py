@@ -17,7 +17,7 @@ import platform
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -275,14 +275,25 @@ class LocalStorage(Storage):
         # key: another process may have replaced it (one syscall, where a fresh open, pread
         # and close would be three). (A cache of open descriptors, closed on eviction, let
         # one thread pread a number that another had closed and a third had reused.)
+        return bytes(self._kept(key, self._identity_now(key))[start:end])
+
+    def _identity_now(self, key: str) -> _Identity:
+        """The identity of the file under ``key`` now (one stat)."""
         try:
-            identity = _identity(os.stat(self._path(key)))
+            return _identity(os.stat(self._path(key)))
         except FileNotFoundError:
             self._forget(key)
             raise NotFoundError(f"{self.root}/{key} does not exist") from None
         except OSError as e:
             raise StorageError(f"cannot read {self.root}/{key}: {e}") from e
-        return bytes(self._kept(key, identity)[start:end])
+
+    def read_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        # One stat for all of them (as ``read_range`` makes for one), then copies out of the
+        # kept map: a field's frames are hundreds of ranges of one chunk.
+        if not ranges:
+            return []
+        kept = self._kept(key, self._identity_now(key))
+        return [bytes(kept[start:end]) for start, end in ranges]
 
     def write(self, key: str, data: Data) -> None:
         path = self._path(key)
@@ -293,6 +304,50 @@ class LocalStorage(Storage):
             _fsync_dir(os.path.dirname(path))
         except OSError as e:
             raise StorageError(f"cannot write {self.root}/{key}: {e}") from e
+
+    def write_unsynced(self, key: str, data: Data) -> None:
+        """As ``write`` (readers see the old file or the whole new one) but not durable: a
+        crash can leave a file of other bytes under the key. For caches only, whose readers
+        check what they read against its checksums; a 64 MiB fsync per cached chunk would
+        bound how fast a remote store streams."""
+        path = self._path(key)
+        parent = self._parent(path)
+        tmp = os.path.join(parent, f"{TEMP_PREFIX}{uuid.uuid4().hex}.{os.path.basename(path)}")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                # Plain writes: no early writeback (``_write_all``), which only makes a disk
+                # busy for a file that needs no durability.
+                for buffer in [data] if isinstance(data, bytes) else data:
+                    view = memoryview(buffer)
+                    while view:
+                        view = view[os.write(fd, view) :]
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise StorageError(f"cannot write {self.root}/{key}: {e}") from e
+        self._forget(key)
+
+    @contextlib.contextmanager
+    def lock(self, key: str, timeout: float) -> Iterator[bool]:
+        """An exclusive lock named ``key`` among the processes of this machine (a lock file
+        under the root): yields True once held, or False after ``timeout`` seconds (a stuck
+        peer), so that a caller using it to avoid duplicate work can go ahead anyway."""
+        path = self._path(key)
+        self._parent(path)
+        lock = portalocker.Lock(path, "a", timeout=timeout, check_interval=0.005)
+        try:
+            lock.acquire()
+        except portalocker.LockException:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            lock.release()
 
     def put_if_absent(self, key: str, data: bytes) -> None:
         path = self._path(key)

@@ -209,18 +209,31 @@ class Store:
         fn: Callable[..., Any],
         fields: Iterable[str],
         *,
+        inputs: Iterable[str] | None = None,
+        missing_only: bool = False,
+        replace: bool = False,
         batched: bool = False,
+        batch_size: int | None = None,
+        batch_format: str = "dict",
         num_workers: int = 0,
         message: str | None = None,
         progress: ProgressArg = False,
     ) -> Commit:
         """Commit a version whose samples also have ``fields`` computed by ``fn``, stored
-        beside the chunks without rewriting them (see ``txstore.store.fields.add_fields``).
-        ``progress``: True shows it on stderr (see ``txstore.Progress``)."""
+        beside the chunks without rewriting them (see ``txstore.store.fields.add_fields``):
+        ``inputs`` the fields ``fn`` reads, ``missing_only`` for the samples without them
+        alone, ``replace`` to replace values samples have, ``batch_size`` for a dict of
+        lists (or ``batch_format="arrow"``: a RecordBatch) per call. ``progress``: True shows
+        it on stderr (see ``txstore.Progress``)."""
         return add_fields(
             self._ctx,
             fn,
             fields,
+            inputs=inputs,
+            missing_only=missing_only,
+            replace=replace,
+            batch_size=batch_size,
+            batch_format=batch_format,
             batched=batched,
             num_workers=num_workers,
             message=message,
@@ -228,7 +241,8 @@ class Store:
         )
 
     def drop_fields(self, fields: Iterable[str], *, message: str | None = None) -> Commit:
-        """Commit a version without ``fields``; nothing is rewritten."""
+        """Commit a version without ``fields``; nothing is rewritten. ``FieldNotFoundError``
+        (nothing committed) for a field no sample has."""
         return drop_fields(self._ctx, fields, message=message)
 
     # -- tags and leases -------------------------------------------------------------------
@@ -466,9 +480,9 @@ def open(
     uri: str | os.PathLike[str] | Storage, *, storage_options: dict[str, Any] | None = None
 ) -> Store:
     """Open an existing store; ``StoreNotFoundError`` if there is none."""
-    storage = open_storage(uri, storage_options)
-    VersionLog(storage).latest_version()  # raises StoreNotFoundError
-    return Store(storage)
+    store = Store(open_storage(uri, storage_options))
+    store._ctx.log.find_store()  # raises StoreNotFoundError
+    return store
 
 
 def open_or_create(

@@ -41,13 +41,30 @@ class Segments:
                 if cached is not None:
                     self._cache.move_to_end(ref.path)
                     return cached
+        try:
+            data: bytes | None = self._storage.read(ref.path)
+        except NotFoundError:
+            data = None
+        return self._take(ref, data, version)
+
+    def preload(self, refs: Sequence[SegmentRef], *, version: int | None = None) -> None:
+        """Read the segments of ``refs`` not cached yet, all at once (one round trip on an
+        object store, where reading them one by one waits one each)."""
+        with self._lock:
+            wanted = list(dict.fromkeys(r.path for r in refs if r.path not in self._cache))
+        if not 2 <= len(wanted) <= _CACHE_SEGMENTS:
+            return  # one is read when needed; more than the cache holds, as they are needed
+        by_path = {r.path: r for r in refs}
+        for path, data in zip(wanted, self._storage.read_many(wanted), strict=True):
+            self._take(by_path[path], data, version)
+
+    def _take(self, ref: SegmentRef, data: bytes | None, version: int | None) -> Segment:
+        """The segment from the bytes read under its path (None: missing), checked."""
         where = f"{self._storage.uri}/{ref.path}"
         if version is not None:
             where += f" (needed by version {version})"
-        try:
-            data = self._storage.read(ref.path)
-        except NotFoundError:
-            raise MissingDataError(f"segment {where} is missing") from None
+        if data is None:
+            raise MissingDataError(f"segment {where} is missing")
         if len(data) != ref.size or crc32(data) != ref.crc32:
             raise ChecksumError(f"segment {where} does not match its checksum")
         segment = fmt.decode(data, Segment, where)

@@ -11,11 +11,19 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import accumulate
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
-from ..errors import ChecksumError, CorruptError, MissingDataError, NotFoundError
+from ..errors import (
+    ChecksumError,
+    CorruptError,
+    FieldMissingError,
+    FieldNotFoundError,
+    MissingDataError,
+    NotFoundError,
+)
 from ..format import manifest as fmt
 from ..format.chunk import (
+    FLAG_SPARSE,
     ChunkLayout,
     FileBytes,
     Ranges,
@@ -23,6 +31,7 @@ from ..format.chunk import (
     coalesce,
     decode_blocks,
     decode_value,
+    frame_presence,
     parse_footer,
     select_frames,
 )
@@ -30,9 +39,11 @@ from ..format.codec import chunk_digest, crc32
 from ..format.manifest import ChunkFile, ChunkRef, Manifest, base_file, chunk_files
 from ..format.values import ABSENT, ValueDecoder
 from ..storage import Storage, open_storage
+from ..txn.log import VersionLog
+from ..txn.rules import sample_origins
 from .lease import Lease, lease_version
 from .segments import Segments
-from .views import ChunkInfo, Config
+from .views import ChunkInfo, Config, FieldSchema, Schema
 
 if TYPE_CHECKING:
     from datetime import timedelta
@@ -47,6 +58,51 @@ _LAYOUT_CACHE = 1024
 #: room, which cannot import it: ``txstore/__init__.py`` registers them.
 EXPORTERS: dict[str, Callable[..., Any]] = {}
 
+#: Runs [start, stop) of samples, in order.
+Runs = list[tuple[int, int]]
+
+
+def _add_run(runs: Runs, start: int, stop: int) -> None:
+    if runs and runs[-1][1] == start:
+        runs[-1] = (runs[-1][0], stop)
+    else:
+        runs.append((start, stop))
+
+
+def _by_version(
+    runs: Runs, origins: list[tuple[int, int, int | None]]
+) -> tuple[tuple[tuple[int, int], ...], tuple[int, ...]]:
+    """The appending versions whose samples all have a field (as ranges of consecutive
+    ones, in sample order), and those only some of whose samples do."""
+    whole: list[tuple[int, int]] = []
+    partly: list[int] = []
+    previous_whole = False
+    for start, stop, version in origins:
+        have = sum(max(0, min(stop, b) - max(start, a)) for a, b in runs)
+        if version is None or have == 0:
+            previous_whole = False
+            continue
+        if have < stop - start:
+            partly.append(version)
+            previous_whole = False
+        elif previous_whole:
+            whole[-1] = (whole[-1][0], version)
+        else:
+            whole.append((version, version))
+            previous_whole = True
+    return tuple(whole), tuple(partly)
+
+
+def type_name(value: Any) -> str:
+    """A value's type as a schema shows it: arrays and tensors with their dtype and shape."""
+    if value is None:
+        return "None"
+    kind = type(value).__name__
+    dtype, shape = getattr(value, "dtype", None), getattr(value, "shape", None)
+    if dtype is not None and shape is not None:
+        return f"{kind}[{str(dtype).removeprefix('torch.')}, {tuple(shape)}]"
+    return kind
+
 
 def _fetching(storage: Storage, path: str, start: int, end: int, what: str) -> None:
     """A DEBUG line per read from storage (a range or a whole file), never per sample
@@ -55,6 +111,56 @@ def _fetching(storage: Storage, path: str, start: int, end: int, what: str) -> N
     logger.debug(
         "reading %s/%s bytes %d-%d (%d bytes, %s)", storage.uri, path, start, end, end - start, what
     )
+
+
+#: ``missing=`` values with a meaning of their own; anything else is a fill value.
+MISSING_ERROR, MISSING_SKIP = "error", "skip"
+
+
+#: For the Arrow reads, which give a null where a sample lacks a field: no check but that
+#: some sample has each field.
+_NULLS = object()
+
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def map_threads(fn: Callable[[T], R], items: Sequence[T], threads: int) -> list[R]:
+    """``fn`` over ``items`` on up to ``threads`` threads (remote reads wait on I/O); on this
+    thread alone for one item."""
+    if len(items) <= 1:
+        return [fn(item) for item in items]
+    with ThreadPoolExecutor(min(threads, len(items)), thread_name_prefix="txstore-fields") as pool:
+        return list(pool.map(fn, items))
+
+
+def _is(how: Any, word: str) -> bool:
+    # A fill value may be an array, whose == is elementwise.
+    return isinstance(how, str) and how == word
+
+
+@dataclass(frozen=True)
+class Missing:
+    """What a view does with samples that lack some of its ``fields`` (those some samples
+    have and others not): ``how`` is "skip" or the value to fill them with."""
+
+    how: Any
+    fields: frozenset[str]
+
+    def apply(self, rows: Iterable[Sample]) -> Iterator[Sample]:
+        fields = self.fields
+        if _is(self.how, MISSING_SKIP):
+            return (row for row in rows if all(name in row for name in fields))
+        return (self.fill(row) for row in rows)
+
+    def fill(self, row: Sample) -> Sample:
+        if _is(self.how, MISSING_SKIP):
+            return row
+        for name in self.fields:
+            if name not in row:
+                row[name] = self.how
+        return row
 
 
 @dataclass(frozen=True)
@@ -223,17 +329,62 @@ class ChunkReader:
             for f in block.frames
             if names[f.column] in keep
         ]
+        return self._read_spans(src, spans, version, f"frames of {sorted(keep)}")
+
+    def _read_spans(
+        self, src: ChunkFile, spans: list[tuple[int, int]], version: int, what: str
+    ) -> Ranges:
         ranges = coalesce(spans, self.storage.range_merge_gap)
         if logger.isEnabledFor(logging.DEBUG):
             for start, end in ranges:
-                _fetching(self.storage, src.path, start, end, f"frames of {sorted(keep)}")
+                _fetching(self.storage, src.path, start, end, what)
         try:
-            pieces = [
-                (start, self.storage.read_range(src.path, start, end)) for start, end in ranges
-            ]
+            # At once: on an object store, one round trip for all, not one each.
+            found = self.storage.read_ranges(src.path, ranges)
+            pieces = [(start, piece) for (start, _), piece in zip(ranges, found, strict=True)]
         except NotFoundError:
             raise self._missing(src.path, version) from None
         return Ranges(pieces)
+
+    def presence(
+        self, chunk: ChunkRef, version: int, fields: frozenset[str] | None, exact: bool = True
+    ) -> dict[str, Runs]:
+        """Each field of ``chunk`` (``fields``: only those) with the runs of the chunk's
+        samples that have it. From the footers, and the offset tables of the frames flagged
+        sparse (no value is decoded; only those frames are read). Not ``exact``: from the
+        footers alone, a block with a sparse frame counted whole."""
+        runs: dict[str, Runs] = {}
+        for src in chunk_files(chunk):
+            layout = self.layout(src, version)
+            names = layout.columns
+            visible = {
+                i
+                for i, name in enumerate(names)
+                if name not in src.hidden and (fields is None or name in fields)
+            }
+            if not visible:
+                continue
+            blocks = layout.footer.blocks
+            sparse = [
+                (f.offset, f.offset + f.length)
+                for block in blocks
+                for f in block.frames
+                if exact and f.column in visible and f.flags & FLAG_SPARSE
+            ]
+            buf = self._read_spans(src, sparse, version, "sparse frames") if sparse else None
+            for number, block in enumerate(blocks):
+                low, n = layout.block_starts[number], block.num_samples
+                for frame in block.frames:
+                    if frame.column not in visible:
+                        continue
+                    out = runs.setdefault(names[frame.column], [])
+                    if buf is None or not frame.flags & FLAG_SPARSE:
+                        _add_run(out, low, low + n)
+                        continue
+                    for k, present in enumerate(frame_presence(buf, frame, n, layout)):
+                        if present:
+                            _add_run(out, low + k, low + k + 1)
+        return runs
 
     def fetch(
         self,
@@ -326,8 +477,10 @@ class Snapshot(Sequence[Sample]):
         *,
         fields: Iterable[str] | None = None,
         zero_copy: bool = False,
+        missing: Missing | None = None,
     ) -> None:
         self.manifest = manifest
+        self._missing = missing
         self.is_zero_copy = zero_copy
         self._storage = storage
         self._segments = segments
@@ -353,7 +506,13 @@ class Snapshot(Sequence[Sample]):
         # worker builds fresh caches and file handles of its own.
         return (
             _rebuild,
-            (self._storage, fmt.encode(self.manifest), self._fields, self.is_zero_copy),
+            (
+                self._storage,
+                fmt.encode(self.manifest),
+                self._fields,
+                self.is_zero_copy,
+                self._missing,
+            ),
         )
 
     def lease(self, ttl: float | str | timedelta = "6h") -> Lease:
@@ -367,7 +526,9 @@ class Snapshot(Sequence[Sample]):
         For forked processes: s3fs clients, open files and locks do not survive a fork.
         """
         storage = open_storage(self._storage.uri, self._storage.storage_options or None)
-        return _with_own_caches(storage, self.manifest, self._fields, self.is_zero_copy)
+        return _with_own_caches(
+            storage, self.manifest, self._fields, self.is_zero_copy, self._missing
+        )
 
     @property
     def version(self) -> int:
@@ -387,11 +548,17 @@ class Snapshot(Sequence[Sample]):
         """The fields this view reads, or None for all of them."""
         return self._fields
 
-    def select(self, fields: Iterable[str]) -> Snapshot:
+    def select(self, fields: Iterable[str], *, missing: Any = MISSING_ERROR) -> Snapshot:
         """The same version, reading and decoding only ``fields``.
 
         ``FieldNotFoundError`` (naming the fields it has, close matches first) for a field
-        that no sample of this version has (a version of no samples takes any name).
+        that no sample of this version has (a version of no samples takes any name). For a
+        field that some samples lack, ``missing`` says what to do: "error" (the default)
+        raises ``FieldMissingError`` naming it and the first samples without it; "skip"
+        leaves those samples out of iteration (``len`` and indexing still count them); any
+        other value is given to them as the field's value (the same object to each).
+        Finding out reads every chunk's footer, and the frames of columns some samples of a
+        block lack.
         """
         if isinstance(fields, str | bytes):
             raise TypeError(f"fields must be a list of field names, not {fields!r}")
@@ -399,46 +566,100 @@ class Snapshot(Sequence[Sample]):
         for name in wanted:
             if not isinstance(name, str):
                 raise TypeError(f"a field name is a str, not {name!r}")
-        self._check_fields(wanted)
-        return self._view(wanted, self.is_zero_copy)
+        rule = self._check_fields(wanted, missing)
+        return self._view(wanted, self.is_zero_copy, rule)
+
+    def check_fields(self, fields: Iterable[str]) -> None:
+        """``FieldNotFoundError`` for a field of ``fields`` that no sample has (as ``select``
+        raises it), from the footers alone."""
+        self._nullable(fields)
+
+    def _nullable(self, fields: Iterable[str]) -> Snapshot:
+        """``select`` for the Arrow reads, which give nulls where samples lack a field."""
+        return self.select(fields, missing=_NULLS)
 
     #: Chunk footers read at once to find the fields asked for (remote reads wait on I/O).
     _FOOTER_READS = 16
 
-    def _check_fields(self, wanted: frozenset[str]) -> None:
-        """Raise FieldNotFoundError unless some sample has each field of ``wanted``.
-
-        A chunk's fields are its footer's columns and its field files' (both less those
-        hidden). Field files name theirs in the segment; the first chunk's footer is read
-        (a read of this view needs it anyway), and only when a field is still not found the
-        others, in parallel, stopping once each is found: a field may appear in later chunks
-        only."""
+    def _check_fields(self, wanted: frozenset[str], missing: Any) -> Missing | None:
+        """Raise FieldNotFoundError unless some sample has each field of ``wanted``, and
+        FieldMissingError for one some samples lack when ``missing`` is "error"; else the
+        rule for the samples that lack some (None when none does)."""
         if not wanted or not len(self):
-            return  # none asked for, or no sample to have one
+            return None  # none asked for, or no sample to have one
         chunks = self.chunk_refs()
-        known: set[str] = set()
-        for chunk in chunks:
-            for extra in chunk.field_files:
-                known.update(c for c in extra.columns if c not in extra.hidden)
+        exact = missing is not _NULLS
+        coverage = self._coverage(chunks, wanted, exact)
+        absent = sorted(wanted - set(coverage))
+        if absent:
+            known = set(self._coverage(chunks, None, exact=False))
+            raise FieldNotFoundError(self._no_such_fields(absent, known))
+        if not exact:
+            return None
+        n = len(self)
+        partial = {name: runs for name, runs in coverage.items() if runs != [(0, n)]}
+        if not partial:
+            return None
+        if _is(missing, MISSING_ERROR):
+            name = min(partial)
+            runs = tuple(partial[name])
+            field = FieldSchema(name, "", sum(b - a for a, b in runs), n, runs)
+            first = tuple(field.lacking(5))
+            raise FieldMissingError(
+                f"{field.missing:,} of the {n:,} samples of version {self.version} of "
+                f"{self.uri} lack the field {name!r} (the first: "
+                f"{', '.join(map(str, first))}{', ...' if field.missing > len(first) else ''}"
+                f'); say what to do with them (missing="skip", or a value to fill in), or '
+                f"give them the field (add_fields(..., missing_only=True))",
+                field=name,
+                count=field.missing,
+                samples=first,
+            )
+        return Missing(missing, frozenset(partial))
 
-        def footer_fields(chunk: ChunkRef) -> set[str]:
-            base = base_file(chunk)
-            return set(self._reader.layout(base, self.version).columns) - base.hidden
+    def _coverage(
+        self, chunks: Sequence[ChunkRef], fields: frozenset[str] | None, exact: bool = True
+    ) -> dict[str, Runs]:
+        """Each field (``fields``: only those) with the runs of samples that have it: the
+        chunks' footers, and their sparse frames, read in parallel."""
+        starts = list(accumulate((c.num_samples for c in chunks), initial=0))
+        version = self.version
 
-        if not wanted <= known:
-            known |= footer_fields(chunks[0])
-        if wanted <= known:
-            return
-        step = self._FOOTER_READS * 4
-        with ThreadPoolExecutor(self._FOOTER_READS, thread_name_prefix="txstore-fields") as pool:
-            for first in range(1, len(chunks), step):
-                for found in pool.map(footer_fields, chunks[first : first + step]):
-                    known |= found
-                if wanted <= known:
-                    return
-        from ..errors import FieldNotFoundError  # kept beside its one use
+        def one(chunk: ChunkRef) -> dict[str, Runs]:
+            return self._reader.presence(chunk, version, fields, exact)
 
-        raise FieldNotFoundError(self._no_such_fields(sorted(wanted - known), known))
+        out: dict[str, Runs] = {}
+        for number, found in enumerate(map_threads(one, chunks, self._FOOTER_READS)):
+            base = starts[number]
+            for name, runs in found.items():
+                merged = out.setdefault(name, [])
+                for start, stop in runs:
+                    _add_run(merged, base + start, base + stop)
+        return out
+
+    def schema(self) -> Schema:
+        """Each field of this version: the type of its first value, and which samples have
+        it (how many, and the runs of sample indices). Reads every chunk's footer, the
+        frames of columns some samples of a block lack, and one block per field for its
+        type; never the values otherwise."""
+        chunks = self.chunk_refs()
+        wanted = self._fields
+        coverage = self._coverage(chunks, wanted) if len(self) else {}
+        log = VersionLog(self._storage)
+        origins = sample_origins(self.manifest, log.read)
+        fields = []
+        for name in sorted(coverage):
+            runs = coverage[name]
+            count = sum(stop - start for start, stop in runs)
+            first = runs[0][0] if runs else None
+            kind = ""
+            if first is not None:
+                chunk, local = self._locate(first, len(self))
+                value = self._reader.sample(chunk, local, self.version, frozenset({name}))
+                kind = type_name(value.get(name))
+            whole, partly = _by_version(runs, origins)
+            fields.append(FieldSchema(name, kind, count, len(self), tuple(runs), whole, partly))
+        return Schema(self.version, len(self), tuple(fields), tuple(origins))
 
     def _no_such_fields(self, missing: list[str], known: set[str]) -> str:
         """What to say of fields no sample has: each with its close matches, then the known
@@ -468,9 +689,11 @@ class Snapshot(Sequence[Sample]):
         Checksums are verified as ever. A view keeps its chunk's map (or its block's
         decompressed bytes) alive for as long as it lives; ``bytes(view)`` makes a copy.
         """
-        return self._view(self._fields, True)
+        return self._view(self._fields, True, self._missing)
 
-    def _view(self, fields: frozenset[str] | None, zero_copy: bool) -> Snapshot:
+    def _view(
+        self, fields: frozenset[str] | None, zero_copy: bool, missing: Missing | None
+    ) -> Snapshot:
         """The same version through the same storage and caches, read another way."""
         return Snapshot(
             self.manifest,
@@ -479,7 +702,12 @@ class Snapshot(Sequence[Sample]):
             self._reader,
             fields=fields,
             zero_copy=zero_copy,
+            missing=missing,
         )
+
+    def handle_missing(self, rows: Iterable[Sample]) -> Iterable[Sample]:
+        """``rows`` of this view with its ``missing`` rule applied (see ``select``)."""
+        return rows if self._missing is None else self._missing.apply(rows)
 
     def __len__(self) -> int:
         return self.manifest.num_samples
@@ -513,6 +741,8 @@ class Snapshot(Sequence[Sample]):
     def chunk_refs(self) -> list[ChunkRef]:
         """Every chunk of this version as the format records it (for txstore's own layers:
         it changes with the format)."""
+        if len(self._loaded) < len(self.manifest.segments):
+            self._segments.preload(self.manifest.segments, version=self.version)
         return [c for i in range(len(self.manifest.segments)) for c in self._segment(i).chunks]
 
     @property
@@ -529,13 +759,14 @@ class Snapshot(Sequence[Sample]):
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
         chunk, local = self._locate(index, len(self))
-        return self._reader.sample(
+        sample = self._reader.sample(
             chunk,
             local,
             self.version,
             self._fields,
             self.is_zero_copy,
         )
+        return sample if self._missing is None else self._missing.fill(sample)
 
     def __iter__(self) -> Iterator[Sample]:
         return self.iter_chunks(self.chunk_refs())
@@ -544,7 +775,7 @@ class Snapshot(Sequence[Sample]):
 
     def _tables(self, fields: Iterable[str] | None) -> Iterator[Any]:
         """A ``pyarrow.Table`` per chunk, reading the next chunk while converting one."""
-        view = self if fields is None else self.select(fields)
+        view = self if fields is None else self._nullable(fields)
         chunks = view.chunk_refs()
         reader, version, wanted = view._reader, view.version, view._fields
         if not chunks:
@@ -593,7 +824,7 @@ class Snapshot(Sequence[Sample]):
         ``fields``."""
         from ..format import arrow
 
-        view = self if fields is None else self.select(fields)
+        view = self if fields is None else self._nullable(fields)
         wanted = list(indices)
         n = len(self)
         rows: dict[str, list[Any]] = {}
@@ -636,7 +867,7 @@ class Snapshot(Sequence[Sample]):
                 fetched = ahead.result()
                 if i + 1 < len(chunks):
                     ahead = pool.submit(reader.fetch, chunks[i + 1], version, fields)
-                yield from reader.samples(fetched, chunk, version, views=views)
+                yield from self.handle_missing(reader.samples(fetched, chunk, version, views=views))
 
     # -- exports (txstore/interop/exports.py) -----------------------------------------------
 
@@ -661,14 +892,22 @@ class Snapshot(Sequence[Sample]):
 
 
 def _rebuild(
-    storage: Storage, manifest: bytes, fields: frozenset[str] | None, zero_copy: bool
+    storage: Storage,
+    manifest: bytes,
+    fields: frozenset[str] | None,
+    zero_copy: bool,
+    missing: Missing | None = None,
 ) -> Snapshot:
     decoded = fmt.decode(manifest, Manifest, f"{storage.uri} (pickled snapshot)")
-    return _with_own_caches(storage, decoded, fields, zero_copy)
+    return _with_own_caches(storage, decoded, fields, zero_copy, missing)
 
 
 def _with_own_caches(
-    storage: Storage, manifest: Manifest, fields: frozenset[str] | None, zero_copy: bool
+    storage: Storage,
+    manifest: Manifest,
+    fields: frozenset[str] | None,
+    zero_copy: bool,
+    missing: Missing | None = None,
 ) -> Snapshot:
     """A snapshot of ``manifest`` through ``storage``, with segment and chunk caches of its own
     (in a new process, or after a fork)."""
@@ -679,4 +918,5 @@ def _with_own_caches(
         ChunkReader(storage),
         fields=fields,
         zero_copy=zero_copy,
+        missing=missing,
     )

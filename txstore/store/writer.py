@@ -22,10 +22,9 @@ from ..format.manifest import ChunkRef, StoreConfig
 from ..storage import Storage
 
 #: Chunks built but not yet stored; bounds memory to a few chunks whatever the input size.
-#: Each is stored by a thread of its own, and one more thread stores the chunk being built:
+#: Each is stored by a thread of the writer's own, and one more stores the chunk being built:
 #: while some wait for their chunk's fsync (or an S3 PUT), another writes. Four keep large
-#: appends as fast as one plain file written and fsynced once (bench/bench_append.py); a
-#: thread costs little to start next to a chunk's fsync.
+#: appends as fast as one plain file written and fsynced once (bench/bench_append.py).
 MAX_PENDING_UPLOADS = 4
 #: Samples of a list handed to the builder at once.
 MAX_BATCH = 256
@@ -104,6 +103,51 @@ def _run(future: Future[ChunkRef], fn: Callable[..., ChunkRef], args: tuple[Any,
         future.set_exception(e)
 
 
+_Job = tuple[Future[ChunkRef], Callable[..., ChunkRef], tuple[Any, ...]]
+
+
+class _Uploaders:
+    """A writer's upload threads, started as uploads first need them (never more than the
+    uploads in flight at once) and reused for every later chunk. Daemons, as a writer left
+    unfinished at interpreter exit must not keep it waiting; each stops at ``close``, or once
+    its writer is gone."""
+
+    def __init__(self, limit: int, owner: weakref.ref[ChunkWriter]) -> None:
+        self._limit = limit
+        self._owner = owner
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._submitted = 0
+
+    def submit(self, job: _Job) -> None:
+        self._submitted += 1
+        # At most ``limit`` uploads are in flight (the writer waits before starting more),
+        # so ``limit`` threads take each job as it comes.
+        if len(self._threads) < min(self._limit, self._submitted):
+            thread = threading.Thread(target=self._work, name="txstore-upload", daemon=True)
+            thread.start()  # raises before the job is queued: the caller ends its future
+            self._threads.append(thread)
+        self._jobs.put(job)
+
+    def _work(self) -> None:
+        while True:
+            try:
+                job = self._jobs.get(timeout=_OWNER_CHECK_S)
+            except queue.Empty:
+                if self._owner() is None:
+                    return
+                continue
+            if job is None:
+                return
+            _run(*job)
+            del job  # the finished chunk's buffers go now, not at the next job
+
+    def close(self) -> None:
+        for _ in self._threads:
+            self._jobs.put(None)
+        self._threads = []
+
+
 class ChunkWriter:
     """Writes the chunks of one transaction; ``abort`` deletes what it wrote."""
 
@@ -118,6 +162,7 @@ class ChunkWriter:
         self._keys: list[str] = []
         self.num_samples = 0
         self.closed = False  # finished or aborted
+        self._uploaders = _Uploaders(MAX_PENDING_UPLOADS + 1, weakref.ref(self))
 
     def _new_builder(self) -> ChunkBuilder:
         return ChunkBuilder(block_bytes=self._config.block_bytes, compressor=self._compressor)
@@ -207,20 +252,12 @@ class ChunkWriter:
             self._refs.append(self._uploads.popleft().result())
         upload = _StreamedUpload(new_chunk_key())
         self._keys.append(upload.key)
-        # The thread gets the writer weakly, so that a writer dropped mid-chunk is collected
-        # and the thread stops. It is a daemon: a writer left unfinished when the interpreter
-        # exits (an exception out of main) must not keep it waiting; its temp file is what a
-        # crash leaves, which vacuum deletes.
+        # The upload gets the writer weakly, so that a writer dropped mid-chunk is collected
+        # and the upload stops; its temp file is what a crash leaves, which vacuum deletes.
         self._streaming = upload  # abort() finds it from here on
         args = (self._storage, upload, self._builder.stream(), weakref.ref(self))
-        thread = threading.Thread(
-            target=_run,
-            args=(upload.future, _store_streamed, args),
-            name="txstore-upload",
-            daemon=True,
-        )
         try:
-            thread.start()
+            self._uploaders.submit((upload.future, _store_streamed, args))
         except BaseException as e:  # no thread: the future must still end
             upload.future.set_exception(e)
             raise
@@ -239,8 +276,11 @@ class ChunkWriter:
     def finish(self) -> list[ChunkRef]:
         """Store the last chunk and wait for every upload; the refs in sample order."""
         self._flush()
-        while self._uploads:
-            self._refs.append(self._uploads.popleft().result())
+        try:
+            while self._uploads:
+                self._refs.append(self._uploads.popleft().result())
+        finally:
+            self._uploaders.close()
         self.closed = True
         return self._refs
 
@@ -255,6 +295,7 @@ class ChunkWriter:
             with contextlib.suppress(Exception):
                 upload.result()
         self._uploads.clear()
+        self._uploaders.close()
         for key in self._keys:
             with contextlib.suppress(TxstoreError):
                 self._storage.delete(key)

@@ -17,7 +17,6 @@ Resuming: ``StreamingDataLoader`` counts the samples each worker has delivered; 
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import itertools
 import operator
@@ -43,12 +42,12 @@ from torch.utils.data import (
     get_worker_info,
 )
 
-from ..errors import MissingDataError, ResumeMismatchError, TxstoreError
+from ..errors import ResumeMismatchError, TxstoreError
 from ..format.manifest import ChunkRef, chunk_files
 from ..format.units import parse_duration, parse_size
-from ..storage import LocalStorage
+from ..store.cache import ChunkCache
 from ..store.core import open as open_store
-from ..store.snapshot import ChunkReader, Fetched, Sample, Snapshot
+from ..store.snapshot import Fetched, Sample, Snapshot
 from .transport import BytesPool, Receiver, pack, unpack
 
 STATE_FORMAT = 1
@@ -186,21 +185,21 @@ def _distributed() -> tuple[int, int]:
 
 
 class _ChunkFetcher:
-    """Chunks for one worker, read ahead in threads; remote ones through a disk cache.
-
-    The cache is a folder laid out like the store (``chunks/<id>.chunk``), so versions that
-    share chunks share cache entries: chunk files never change once written. A worker evicts
-    only files it has finished with, oldest first, while the folder holds more than
-    ``max_cache_size`` bytes.
-    """
+    """Chunks for one worker, read ahead in threads; remote ones through a disk cache
+    (``ChunkCache``), where a worker evicts only files it has finished with, oldest first,
+    while the folder holds more than ``max_cache_size`` bytes."""
 
     def __init__(self, snapshot: Snapshot, cache_dir: str, max_cache_size: int, ahead: int) -> None:
         self._snapshot = snapshot
         self._remote = snapshot.reader
-        local = not snapshot.storage.is_remote
-        self._cache = None if local else LocalStorage(cache_dir)
-        self._reader = self._remote if self._cache is None else ChunkReader(self._cache)
-        self._max_cache_size = max_cache_size
+        # Remote chunks go through the disk cache; a projection fetches only its frames
+        # instead (caching whole files would download all of them).
+        cached = snapshot.storage.is_remote and snapshot.fields is None
+        self._cache = (
+            ChunkCache(self._remote, cache_dir, max_cache_size, snapshot.is_zero_copy)
+            if cached
+            else None
+        )
         self._pool = ThreadPoolExecutor(max(1, ahead), thread_name_prefix="txstore-fetch")
         # A chunk already in memory is only hashed: CPU work, for which more threads beside
         # the decoding thread only take its core by turns, so one does it. Chunks still on
@@ -209,7 +208,6 @@ class _ChunkFetcher:
         # Local chunks read whole are mapped on the decoding thread (``_map``).
         self._maps_whole_files = self._cache is None and snapshot.fields is None
         self._ahead = ahead
-        self._finished: list[str] = []
         self._chunks: list[ChunkRef] = []
         self._futures: dict[int, Future[Fetched]] = {}
         self._held = False
@@ -231,28 +229,16 @@ class _ChunkFetcher:
         if isinstance(mapped, TxstoreError):
             raise mapped
         version, fields = self._snapshot.version, self._snapshot.fields
-        if self._cache is None or fields is not None:
-            # A projection fetches only its frames; caching whole files would download all.
+        if self._cache is None:
             return self._remote.fetch(chunk, version, fields, digest, mapped)
-        for src in chunk_files(chunk):
-            if not os.path.exists(os.path.join(self._cache.root, src.path)):
-                self._cache.write(src.path, [self._remote.read_whole(src, version)[0]])
-        try:
-            return self._reader.fetch(chunk, version, fields, digest)
-        except MissingDataError:  # another worker evicted it just now: read it remotely
-            return self._remote.fetch(chunk, version, fields, digest)
+        # Downloaded whole and checked once against the digest, before it is decoded.
+        return self._cache.fetch(chunk, version)
 
     def release(self, chunk: ChunkRef) -> None:
-        if self._cache is None or self._snapshot.fields is not None:
+        if self._cache is None:
             return
         with self._lock:
-            self._finished += [src.path for src in chunk_files(chunk)]
-            used = sum(f.size for f in self._cache.list("chunks/"))
-            while used > self._max_cache_size and self._finished:
-                victim = self._finished.pop(0)
-                with contextlib.suppress(FileNotFoundError):
-                    used -= os.path.getsize(os.path.join(self._cache.root, victim))
-                self._cache.delete(victim)
+            self._cache.release(chunk)
 
     def stream(
         self, chunks: list[ChunkRef], hold: bool = False
@@ -303,6 +289,8 @@ class _ChunkFetcher:
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._cached_pool.shutdown(wait=True, cancel_futures=True)
+        if self._cache is not None:
+            self._cache.close()
 
 
 class StreamingDataset(IterableDataset[Any]):
@@ -317,6 +305,10 @@ class StreamingDataset(IterableDataset[Any]):
     ``zero_copy`` gives top-level ``bytes`` values as read-only memoryviews of the chunks
     (``Snapshot.zero_copy``): ``transform`` can decode them without a copy; the default
     collate does not take them, and those in a batch from a worker arrive as ``bytes``.
+    A field of ``fields`` that some samples lack is a ``FieldMissingError`` here, naming it
+    and the first samples without it, unless ``missing`` is a value to fill them with
+    (``Snapshot.select``; "skip" is refused: the epoch's plan and a resumed state count
+    every sample).
     """
 
     def __init__(
@@ -336,6 +328,7 @@ class StreamingDataset(IterableDataset[Any]):
         prefetch_chunks: int = 2,
         lease_ttl: str | float | None = None,
         zero_copy: bool = False,
+        missing: Any = "error",
     ) -> None:
         shuffle, drop_last = _bool("shuffle", shuffle), _bool("drop_last", drop_last)
         zero_copy = _bool("zero_copy", zero_copy)
@@ -361,8 +354,14 @@ class StreamingDataset(IterableDataset[Any]):
             snapshot = open_store(source, storage_options=storage_options).snapshot(version)
         else:
             raise TypeError(f"source must be a Snapshot or a store's URI, not {source!r}")
+        if isinstance(missing, str) and missing == "skip":
+            raise ValueError(
+                'a StreamingDataset cannot skip samples (missing="skip"): its epoch plan and '
+                "resumable state count every sample; pass a value to fill in, or give the "
+                "samples the field (add_fields(..., missing_only=True))"
+            )
         if names is not None:
-            snapshot = snapshot.select(names)
+            snapshot = snapshot.select(names, missing=missing)
         if zero_copy:
             snapshot = snapshot.zero_copy()
         self.snapshot = snapshot
@@ -483,7 +482,9 @@ class StreamingDataset(IterableDataset[Any]):
             if not self.shuffle:  # nothing to reorder: yield as blocks decode
                 for piece in (p for window in windows for p in window):
                     chunk, fetched = next(stream)
-                    rows = reader.samples(fetched, chunk, version, piece.start, piece.stop, views)
+                    rows = snapshot.handle_missing(
+                        reader.samples(fetched, chunk, version, piece.start, piece.stop, views)
+                    )
                     if skip:
                         rows = itertools.islice(rows, skip, None)
                     if transform is not None:
@@ -501,8 +502,8 @@ class StreamingDataset(IterableDataset[Any]):
                 samples: list[Sample] = []
                 for piece in window:
                     chunk, fetched = next(stream)
-                    samples += reader.samples(
-                        fetched, chunk, version, piece.start, piece.stop, views
+                    samples += snapshot.handle_missing(
+                        reader.samples(fetched, chunk, version, piece.start, piece.stop, views)
                     )
                     del fetched
                     fetcher.release(chunk)

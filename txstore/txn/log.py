@@ -60,6 +60,10 @@ class VersionLog:
         self.storage = storage
         self._cache: OrderedDict[int, Manifest] = OrderedDict()
         self._lock = threading.Lock()
+        #: The highest version this log has seen exist (manifests are never deleted), and a
+        #: HEAD read by ``find_store`` not yet used: where a reader's next search starts.
+        self._known: int | None = None
+        self._hint: int | None = None
 
     # -- manifests -------------------------------------------------------------------------
 
@@ -71,14 +75,17 @@ class VersionLog:
                 cached = self._cache.get(version)
             if cached is not None:
                 return cached
-        key = manifest_key(version)
         try:
-            data = self.storage.read(key)
+            data = self.storage.read(manifest_key(version))
         except NotFoundError:
             raise VersionNotFoundError(
                 f"version {version} does not exist in {self.storage.uri}"
             ) from None
-        where = f"{self.storage.uri}/{key}"
+        return self._decode(version, data)
+
+    def _decode(self, version: int, data: bytes) -> Manifest:
+        """Version ``version``'s manifest from the bytes read under its key, checked."""
+        where = f"{self.storage.uri}/{manifest_key(version)}"
         manifest = fmt.decode(data, Manifest, where)
         if manifest.version != version:
             raise CorruptError(f"{where} claims to be version {manifest.version}")
@@ -95,13 +102,74 @@ class VersionLog:
 
     def _head_hint(self) -> int | None:
         try:
-            head = fmt.decode(self.storage.read(HEAD_KEY), Head, f"{self.storage.uri}/HEAD")
+            data = self.storage.read(HEAD_KEY)
         except NotFoundError:
             return None
+        return self._parse_head(data)
+
+    def _parse_head(self, data: bytes | None) -> int | None:
+        if data is None:
+            return None
+        try:
+            head = fmt.decode(data, Head, f"{self.storage.uri}/HEAD")
         except TxstoreError as e:  # garbage HEAD: a hint we can do without
             log.warning("ignoring HEAD of %s: %s", self.storage.uri, e)
             return None
         return head.version if head.version >= 0 else None
+
+    def find_store(self) -> None:
+        """``StoreNotFoundError`` unless a store is here, found in one read where its HEAD
+        is there (kept as the start of the next search for the latest version)."""
+        hint = self._head_hint()
+        if hint is None:
+            # Raises StoreNotFoundError. Not the latest version: a hole stops the search
+            # short of it, and the next search (``latest_version``) looks past holes.
+            self._gallop()
+        else:
+            self._hint = hint
+
+    def _reader_latest(self) -> int | None:
+        """The latest version for a reader, in one round trip when nothing was committed
+        since this log last looked (HEAD and the next version's manifest read together) and
+        in two otherwise (HEAD, then the version it names with the one after it); None when
+        HEAD is missing or names no version (the caller gallops)."""
+        known, hint, self._hint = self._known, self._hint, None
+        start: int | None = None
+        if known is not None:
+            head, after = self.storage.read_many([HEAD_KEY, manifest_key(known + 1)])
+            if after is None:
+                return known
+            self._keep(known + 1, after)
+            start = known + 1
+            hint = self._parse_head(head)
+            if hint is None or hint <= start:
+                return self._forward(start)
+        elif hint is None:
+            hint = self._head_hint()
+            if hint is None:
+                return None
+        mine, after = self.storage.read_many([manifest_key(hint), manifest_key(hint + 1)])
+        if mine is None:  # HEAD names a version not there: garbage, or a damaged store
+            return None if start is None else self._forward(start)
+        self._keep(hint, mine)
+        if after is None:
+            self._known = hint
+            return hint
+        self._keep(hint + 1, after)
+        return self._forward(hint + 1)
+
+    def _keep(self, version: int, data: bytes) -> None:
+        """Cache a manifest read while searching; a damaged one is left for ``read`` to
+        raise on, if it is the one asked for."""
+        with contextlib.suppress(TxstoreError):
+            self._decode(version, data)
+
+    def _forward(self, version: int) -> int:
+        """The last version of a run of existing versions from ``version`` (which exists)."""
+        while self._exists(version + 1):
+            version += 1
+        self._known = version
+        return version
 
     def _exists(self, version: int) -> bool:
         return self.storage.exists(manifest_key(version))
@@ -117,6 +185,10 @@ class VersionLog:
         good HEAD starts at the latest, above any hole. Only holes of one version are seen
         this way; ``verify`` lists ``versions/`` and finds every one.
         """
+        if not strict:
+            found = self._reader_latest()
+            if found is not None:
+                return found
         hint = self._head_hint()
         galloped = hint is None or not self._exists(hint)
         version = self._gallop() if hint is None or galloped else hint
@@ -127,6 +199,7 @@ class VersionLog:
                 version += 1
             probe = True
             if not (strict or galloped) or not self._exists(version + 2):
+                self._known = version
                 return version
             # n+2 exists. Its writer read n+1 first, so n+1 absent now (after n+2 was seen)
             # means it was deleted; present means racing writers made both meanwhile.

@@ -12,10 +12,10 @@ What each operation does to a version's samples:
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from ..errors import HistoryChangedError
+from ..errors import HistoryChangedError, NotFoundError
 from ..format.manifest import Manifest, SegmentRef, StoreConfig
 
 if TYPE_CHECKING:
@@ -154,3 +154,38 @@ def next_manifest(
         segments=segments,
         source_version=source_version,
     )
+
+
+def sample_origins(
+    manifest: Manifest, read: Callable[[int], Manifest]
+) -> list[tuple[int, int, int | None]]:
+    """The runs [start, stop) of ``manifest``'s samples, each with the version that appended
+    (or created, by overwrite) them, in sample order: the chain is followed back through
+    operations that keep their parent's samples, and a rollback to the version it restored.
+    ``read(version)`` gives a manifest; where one cannot be read (expired and gone), the
+    samples still unattributed get None."""
+    runs: list[tuple[int, int, int | None]] = []
+    m, high = manifest, manifest.num_samples
+    while high > 0:
+        try:
+            if m.operation == "append":
+                low = max(0, m.num_samples - m.added_samples)
+                if low < high:
+                    runs.append((low, high, m.version))
+                    high = low
+                nxt = m.parent
+            elif m.operation in SAME_SAMPLES:
+                nxt = m.parent
+            elif m.operation == "rollback":
+                nxt = m.source_version
+            else:  # create, overwrite: every sample left is its own
+                runs.append((0, high, m.version))
+                break
+            if nxt is None:
+                runs.append((0, high, None))
+                break
+            m = read(nxt)
+        except NotFoundError:
+            runs.append((0, high, None))
+            break
+    return runs[::-1]

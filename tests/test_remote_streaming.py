@@ -1,0 +1,185 @@
+"""Streaming from S3 (a real moto server) through the counting proxy of proxy.py: what is
+downloaded, how often, and in how many requests."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import txstore
+from txstore.store.cache import PART_SIZE, ChunkCache, part_ranges
+
+from .conftest import S3Server
+from .proxy import Proxy, Rule
+
+pytest.importorskip("torch")
+
+from txstore.torch import StreamingDataLoader, StreamingDataset
+
+
+def _options(server: S3Server, proxy: Proxy) -> dict[str, Any]:
+    return dict(server.options, endpoint_url=proxy.endpoint)
+
+
+def _chunk_gets(proxy: Proxy) -> list[tuple[str, int]]:
+    """(path, bytes) of each GET of a chunk file the proxy passed on."""
+    return [
+        (path, n) for method, path, n in proxy.replied if method == "GET" and "/chunks/" in path
+    ]
+
+
+def _store(server: S3Server, n: int, pad: int, chunk_bytes: int) -> tuple[str, txstore.Store]:
+    uri = f"s3://{server.new_bucket()}/data"
+    store = txstore.create(uri, chunk_bytes=chunk_bytes, storage_options=server.options)
+    store.append({"id": i, "pad": os.urandom(pad)} for i in range(n))
+    return uri, store
+
+
+def test_part_ranges_cover_the_object_once() -> None:
+    assert part_ranges(0) == [(0, 0)]
+    assert part_ranges(5, 8) == [(0, 5)]
+    assert part_ranges(16, 8) == [(0, 8), (8, 16)]
+    assert part_ranges(17, 8) == [(0, 8), (8, 16), (16, 17)]
+
+
+def test_a_large_chunk_downloads_as_parts_and_decodes(
+    s3_server: S3Server, proxy: Proxy, tmp_path: Path
+) -> None:
+    size = 4096
+    n = (2 * PART_SIZE) // size + 300  # one chunk of a little over two parts
+    uri, store = _store(s3_server, n, size, chunk_bytes=4 * PART_SIZE)
+    (chunk,) = store.snapshot().chunk_refs()
+    snap = txstore.open(uri, storage_options=_options(s3_server, proxy)).snapshot()
+    proxy.reset()
+    cache = ChunkCache(snap.reader, str(tmp_path / "cache"), 10**10)
+    fetched = cache.fetch(chunk, snap.version)
+    gets = _chunk_gets(proxy)
+    assert len(gets) == 3  # ceil(size / PART_SIZE) ranged GETs
+    assert sum(n for _, n in gets) == chunk.size
+    assert all(r.range.startswith("bytes=") for r in proxy.seen if "/chunks/" in r.path)
+    samples = list(snap.reader.samples(fetched, chunk, snap.version))
+    assert [s["id"] for s in samples] == list(range(n))
+    assert samples[-1]["pad"] == store.snapshot()[n - 1]["pad"]
+    assert (tmp_path / "cache" / chunk.path).stat().st_size == chunk.size
+
+
+def test_a_dataloader_downloads_each_chunk_once(
+    s3_server: S3Server, proxy: Proxy, tmp_path: Path
+) -> None:
+    """Two workers share the middle chunk (each takes half the samples): it is downloaded
+    once, the second worker waiting on the first's lock and reading its copy."""
+    uri, store = _store(s3_server, 3000, 200, chunk_bytes=200_000)
+    chunks = store.snapshot().chunks()
+    assert len(chunks) >= 3
+    proxy.reset()
+    ds = StreamingDataset(
+        uri, storage_options=_options(s3_server, proxy), cache_dir=str(tmp_path / "cache")
+    )
+    ids = [
+        i for batch in StreamingDataLoader(ds, batch_size=50, num_workers=2) for i in batch["id"]
+    ]
+    assert sorted(ids) == list(range(3000))
+    gets = _chunk_gets(proxy)
+    assert sorted(p.rsplit("/", 1)[1] for p, _ in gets) == sorted(
+        c.path.rsplit("/", 1)[1] for c in chunks
+    )
+    assert sum(n for _, n in gets) == sum(c.size for c in chunks)
+
+
+def test_a_damaged_cached_copy_is_downloaded_again(
+    s3_server: S3Server, proxy: Proxy, tmp_path: Path
+) -> None:
+    uri, store = _store(s3_server, 1000, 100, chunk_bytes=50_000)
+    cache = tmp_path / "cache"
+    options = _options(s3_server, proxy)
+    assert [
+        s["id"] for s in StreamingDataset(uri, storage_options=options, cache_dir=str(cache))
+    ] == list(range(1000))
+    victim = store.snapshot().chunks()[1]
+    copy = cache / victim.path
+    data = bytearray(copy.read_bytes())
+    data[len(data) // 3] ^= 0xFF
+    copy.write_bytes(bytes(data))
+    proxy.reset()
+    again = StreamingDataset(uri, storage_options=options, cache_dir=str(cache))
+    assert [s["id"] for s in again] == list(range(1000))
+    assert [p.rsplit("/", 1)[1] for p, _ in _chunk_gets(proxy)] == [victim.path.rsplit("/", 1)[1]]
+    assert copy.read_bytes() != bytes(data)  # repaired
+
+
+def test_a_chunk_damaged_in_the_store_raises(s3_server: S3Server, tmp_path: Path) -> None:
+    import boto3
+
+    uri, store = _store(s3_server, 1000, 100, chunk_bytes=50_000)
+    victim = store.snapshot().chunks()[2]
+    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
+    client = boto3.client(
+        "s3",
+        endpoint_url=s3_server.endpoint,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    )
+    key = f"{prefix}/{victim.path}"
+    data = bytearray(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+    data[100] ^= 0xFF
+    client.put_object(Bucket=bucket, Key=key, Body=bytes(data))
+    ds = StreamingDataset(uri, storage_options=s3_server.options, cache_dir=str(tmp_path / "c"))
+    with pytest.raises(txstore.ChecksumError, match=victim.path):
+        list(ds)
+    assert not (tmp_path / "c" / victim.path).exists()  # nothing damaged is kept
+
+
+def test_zero_copy_views_keep_no_evicted_cache_file_mapped(
+    s3_server: S3Server, tmp_path: Path
+) -> None:
+    """Views of a zero-copy snapshot outlive the chunk they came from; a cache of a quarter
+    of the store evicts that chunk's file. The views must not keep the deleted file (its disk
+    space) alive: they refer to memory, not to a map of the file."""
+    uri, store = _store(s3_server, 2000, 100, chunk_bytes=50_000)
+    total = sum(c.size for c in store.snapshot().chunks())
+    cache = tmp_path / "cache"
+    snap = txstore.open(uri, storage_options=s3_server.options).snapshot().zero_copy()
+    ds = StreamingDataset(snap, cache_dir=str(cache), max_cache_size=total // 4)
+    kept = [s["pad"] for s in ds]  # every view held
+    assert [bytes(v) for v in kept[:3]] == [bytes(v) for v in kept[:3]]
+    assert len(kept) == 2000
+    with open("/proc/self/maps") as f:
+        mapped = [line for line in f if str(cache) in line]
+    assert mapped == [], mapped[:3]
+
+
+def _slow(proxy: Proxy) -> None:
+    """Every reply held a little, so that requests sent together overlap clearly."""
+    proxy.reset(Rule(lambda r: True, "delay", times=10**6, delay=0.05))
+
+
+def test_opening_a_dataset_waits_three_round_trips(s3_server: S3Server, proxy: Proxy) -> None:
+    """HEAD; the manifest it names with a probe of the next version; every segment."""
+    uri, store = _store(s3_server, 400, 10, chunk_bytes=4096)
+    for _ in range(3):  # several segments
+        store.append({"id": 0, "pad": b""} for _ in range(10))
+    assert len(store.snapshot().manifest.segments) >= 2
+    _slow(proxy)
+    ds = StreamingDataset(uri, storage_options=_options(s3_server, proxy))
+    assert len(ds) == 430
+    assert proxy.round_trips() == 3, [(r.method, r.path) for r in proxy.seen]
+
+
+def test_a_store_opened_again_finds_its_latest_version_in_one_round_trip(
+    s3_server: S3Server, proxy: Proxy
+) -> None:
+    uri, store = _store(s3_server, 10, 10, chunk_bytes=4096)
+    reader = txstore.open(uri, storage_options=_options(s3_server, proxy))
+    assert reader.snapshot().version == 1
+    _slow(proxy)
+    assert reader.version == 1  # nothing new: HEAD and the next manifest, together
+    assert proxy.round_trips() == 1
+    for _ in range(3):
+        store.append([{"id": 1, "pad": b""}])
+    proxy.reset()
+    assert reader.snapshot().version == 4  # later commits are found
+    assert [s["id"] for s in reader.snapshot()][-3:] == [1, 1, 1]

@@ -31,18 +31,14 @@ from .errors import (
     VersionExpiredError,
     VersionNotFoundError,
 )
-from .interop.exports import Export, export_litdata, export_mds, export_parquet
 from .interop.imports import import_litdata, import_mds, import_parquet
-from .store import snapshot as _snapshot
 from .store.core import Commit, Store, create, open
+from .store.exports import Export, export_litdata, export_mds, export_parquet
 from .store.ingest import optimize
 from .store.lease import Lease
 from .store.progress import Progress
 from .store.snapshot import Snapshot
 from .store.staging import StagedPart, StagedWriter, Transaction, TransactionHandle
-
-# The snapshot's export methods call the interop face, which it cannot import (a layer below).
-_snapshot.EXPORTERS.update(parquet=export_parquet, litdata=export_litdata, mds=export_mds)
 
 __version__ = "0.1.0"
 
@@ -109,6 +105,9 @@ __all__ = [
     "VersionExpiredError",
     "VersionNotFoundError",
     "create",
+    "export_litdata",
+    "export_mds",
+    "export_parquet",
     "import_litdata",
     "import_mds",
     "import_parquet",

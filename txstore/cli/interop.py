@@ -11,11 +11,11 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from ..interop.exports import Export, export_litdata, export_mds, export_parquet
 from ..interop.imports import import_litdata, import_mds, import_parquet
 from ..storage import open_storage
 from ..store import open as open_store
 from ..store.core import Commit
+from ..store.exports import Export, export_litdata, export_mds, export_parquet
 from .output import (
     EPILOG,
     EXIT_OK,

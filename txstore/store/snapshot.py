@@ -41,6 +41,7 @@ from ..format.values import ABSENT, ValueDecoder
 from ..storage import Storage, open_storage
 from ..txn.log import VersionLog
 from ..txn.rules import sample_origins
+from . import exports
 from .lease import Lease, lease_version
 from .segments import Segments
 from .views import ChunkInfo, Config, FieldSchema, Schema
@@ -52,11 +53,6 @@ logger = logging.getLogger(__name__)
 
 Sample = dict[str, Any]
 _LAYOUT_CACHE = 1024
-
-#: The exporters behind ``Snapshot.export_parquet``, ``export_litdata`` and ``export_mds``,
-#: by format. They live in the interop face (``txstore/interop/exports.py``), above this
-#: room, which cannot import it: ``txstore/__init__.py`` registers them.
-EXPORTERS: dict[str, Callable[..., Any]] = {}
 
 #: Runs [start, stop) of samples, in order.
 Runs = list[tuple[int, int]]
@@ -773,8 +769,9 @@ class Snapshot(Sequence[Sample]):
 
     # -- columnar reads (the ``arrow`` extra: pyarrow) -------------------------------------
 
-    def _tables(self, fields: Iterable[str] | None) -> Iterator[Any]:
-        """A ``pyarrow.Table`` per chunk, reading the next chunk while converting one."""
+    def chunk_tables(self, fields: Iterable[str] | None = None) -> Iterator[Any]:
+        """A ``pyarrow.Table`` per chunk, in order (``fields``: only those), reading the next
+        chunk while converting one."""
         view = self if fields is None else self._nullable(fields)
         chunks = view.chunk_refs()
         reader, version, wanted = view._reader, view.version, view._fields
@@ -804,14 +801,14 @@ class Snapshot(Sequence[Sample]):
 
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, not {batch_size}")
-        for batch in arrow.rebatch(self._tables(fields), batch_size):
+        for batch in arrow.rebatch(self.chunk_tables(fields), batch_size):
             yield arrow.cast(batch, schema)
 
     def to_arrow(self, fields: Iterable[str] | None = None, *, schema: Any = None) -> Any:
         """Every sample as one ``pyarrow.Table`` (see ``to_batches``)."""
         from ..format import arrow
 
-        tables = list(self._tables(fields))
+        tables = list(self.chunk_tables(fields))
         if not tables:
             return arrow.cast(arrow.table_of([], []), schema)
         return arrow.cast(arrow.concat(tables), schema)
@@ -869,26 +866,26 @@ class Snapshot(Sequence[Sample]):
                     ahead = pool.submit(reader.fetch, chunks[i + 1], version, fields)
                 yield from self.handle_missing(reader.samples(fetched, chunk, version, views=views))
 
-    # -- exports (txstore/interop/exports.py) -----------------------------------------------
+    # -- exports (exports.py) --------------------------------------------------------------
 
     def export_parquet(self, dest: str, **options: Any) -> Any:
         """Write the samples as Parquet files in the folder ``dest`` (a path or URI), one per
         chunk, of one schema; returns an ``Export``. Options: ``fields``,
-        ``storage_options``, ``progress`` (``txstore.interop.exports.export_parquet``)."""
-        return EXPORTERS["parquet"](self, dest, **options)
+        ``storage_options``, ``progress`` (``txstore.export_parquet``)."""
+        return exports.export_parquet(self, dest, **options)
 
     def export_litdata(self, dest: str, **options: Any) -> Any:
         """Write the samples as a LitData dataset in the folder ``dest``, one that
         ``litdata.StreamingDataset`` reads; returns an ``Export``. Options: ``chunk_bytes``,
-        ``storage_options``, ``progress`` (``txstore.interop.exports.export_litdata``)."""
-        return EXPORTERS["litdata"](self, dest, **options)
+        ``storage_options``, ``progress`` (``txstore.export_litdata``)."""
+        return exports.export_litdata(self, dest, **options)
 
     def export_mds(self, dest: str, **options: Any) -> Any:
         """Write the samples as a MosaicML MDS dataset in the folder ``dest``, one that
         ``streaming.StreamingDataset`` reads; returns an ``Export``. Options:
         ``size_limit``, ``storage_options``, ``progress``
-        (``txstore.interop.exports.export_mds``)."""
-        return EXPORTERS["mds"](self, dest, **options)
+        (``txstore.export_mds``)."""
+        return exports.export_mds(self, dest, **options)
 
 
 def _rebuild(

@@ -1,7 +1,6 @@
 """Take a snapshot out: Parquet, LitData and MosaicML MDS folders their own readers open.
 
-``Snapshot.export_parquet``, ``export_litdata`` and ``export_mds`` call these (the snapshot
-room cannot import this face; ``txstore/__init__.py`` registers them). Each writes the
+``Snapshot.export_parquet``, ``export_litdata`` and ``export_mds`` call these. Each writes the
 pinned version's samples, in order, to a new or empty folder through txstore's storage
 layer (a local path or any supported object store); the index (LitData's and MDS's
 ``index.json``) is written last, so a folder an export was stopped in is never read as
@@ -13,14 +12,16 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import AlreadyExistsError, EncodeError
 from ..format import peer_litdata, peer_mds
 from ..format.units import parse_size
 from ..storage import Storage, open_storage
-from ..store.progress import Progress, ProgressArg, Stage
-from ..store.snapshot import Snapshot
+from .progress import Progress, ProgressArg, Stage
+
+if TYPE_CHECKING:
+    from .snapshot import Snapshot
 
 
 @dataclass(frozen=True)
@@ -230,7 +231,7 @@ def export_parquet(
     with Progress.of(progress).stage("export parquet", len(chunks), "chunks") as stage:
         out = _Writer(storage, snap, "parquet", stage)
         schemas = []
-        for number, table in enumerate(snap._tables(fields)):
+        for number, table in enumerate(snap.chunk_tables(fields)):
             out.write(f"part-{number:05d}.parquet", arrow.parquet_bytes(table))
             schemas.append(table.schema)
             stage.update(1)
@@ -239,7 +240,7 @@ def export_parquet(
         whole = arrow.unify(schemas) if schemas else None
         differ = {n for n, s in enumerate(schemas) if not s.equals(whole)}
         if differ:
-            for number, table in enumerate(snap._tables(fields)):
+            for number, table in enumerate(snap.chunk_tables(fields)):
                 if number in differ:
                     data = arrow.parquet_bytes(arrow.cast(table, whole))
                     out.write(f"part-{number:05d}.parquet", data)

@@ -1,11 +1,13 @@
 """Importing a LitData and an MDS dataset against a plain copy of the same files.
 
 The datasets are written once by the tools themselves (``litdata.optimize``,
-``streaming.MDSWriter``): samples of an int and a random ``bytes`` value (W2: 100 KiB each).
-Then, round robin in one run: a plain copy of the dataset's files (read, write, fsync each
-file and the folder: a durable copy, as txstore's commits are durable), and
-``txstore.import_litdata`` / ``import_mds`` into a new uncompressed store with 1 and 2
-workers. The figure is each import's speed as a fraction of the plain copy's.
+``streaming.MDSWriter``, ``pyarrow.parquet`` in 4 files of 250-row groups): samples of an
+int and a random ``bytes`` value (W2: 100 KiB each). Then, round robin in one run: a plain
+copy of the dataset's files (read, write, fsync each file and the folder: a durable copy, as
+txstore's commits are durable), ``txstore.import_litdata`` / ``import_mds`` /
+``import_parquet`` into a new uncompressed store with 1 and 2 workers, and Lance's
+``write_dataset`` from the same Parquet files (``pyarrow.dataset``, Lance's defaults). The
+figure is each import's speed as a fraction of the plain copy of its source.
 
     python bench/bench_import.py [--quick] [--repeat N] [--json out.json]
 """
@@ -14,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import shutil
 import statistics
@@ -25,6 +26,9 @@ import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from txbench.output import finish_report, new_report
+from txbench.system import machine_info, print_machine
 
 import txstore
 
@@ -52,6 +56,27 @@ def write_mds(out: Path, n: int) -> None:
             writer.write(_sample(i))
 
 
+def write_parquet(out: Path, n: int) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out.mkdir()
+    files = 4
+    per_file = -(-n // files)
+    for f in range(files):
+        ids = list(range(f * per_file, min(n, (f + 1) * per_file)))
+        blobs = [_sample(i)["blob"] for i in ids]
+        table = pa.table({"id": pa.array(ids, pa.int64()), "blob": pa.array(blobs, pa.binary())})
+        pq.write_table(table, out / f"part-{f}.parquet", row_group_size=250, compression="none")
+
+
+def _lance_to(src: Path, dest: Path) -> None:
+    import lance
+    import pyarrow.dataset as pads
+
+    lance.write_dataset(pads.dataset(str(src), format="parquet"), str(dest))
+
+
 def plain_copy(src: Path, dest: Path) -> None:
     dest.mkdir()
     for path in sorted(src.iterdir()):
@@ -77,6 +102,12 @@ def _import_to(importer: Callable[..., Any], src: Path, workers: int, dest: Path
     importer(src, str(dest), num_workers=workers, compression=None, progress=False)
 
 
+def _has(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
 def _timed(run: Callable[[Path], None], work: Path) -> float:
     target = work / "out"
     if target.exists():
@@ -94,14 +125,23 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=None)
     parser.add_argument("--json", default=None, help="write the results here")
     args = parser.parse_args()
+    started = time.perf_counter()
     n = 1000 if args.quick else 5000
     repeat = args.repeat or (2 if args.quick else 3)
     with tempfile.TemporaryDirectory(prefix="bench-import-") as tmp:
         work = Path(tmp)
-        sources = {"litdata": work / "litdata", "mds": work / "mds"}
+        packages = ("txstore", "litdata", "mosaicml-streaming", "pyarrow", "pylance")
+        info = machine_info(work, packages)
+        print_machine(info)
+        sources = {"litdata": work / "litdata", "mds": work / "mds", "parquet": work / "parquet"}
         write_litdata(sources["litdata"], n)
         write_mds(sources["mds"], n)
-        importers = {"litdata": txstore.import_litdata, "mds": txstore.import_mds}
+        write_parquet(sources["parquet"], n)
+        importers = {
+            "litdata": txstore.import_litdata,
+            "mds": txstore.import_mds,
+            "parquet": txstore.import_parquet,
+        }
         contenders: dict[str, Callable[[Path], None]] = {}
         for kind, src in sources.items():
             contenders[f"plain copy of {kind} files"] = functools.partial(_copy_to, src)
@@ -109,6 +149,10 @@ def main() -> None:
                 contenders[f"import_{kind}, {workers} worker(s)"] = functools.partial(
                     _import_to, importers[kind], src, workers
                 )
+        if _has("lance"):
+            contenders["lance.write_dataset of parquet files"] = functools.partial(
+                _lance_to, sources["parquet"]
+            )
         times: dict[str, list[float]] = {name: [] for name in contenders}
         for _ in range(repeat):
             for name, run in contenders.items():
@@ -116,7 +160,7 @@ def main() -> None:
         sizes = {k: sum(p.stat().st_size for p in s.iterdir()) for k, s in sources.items()}
     results = []
     for name, seconds in times.items():
-        kind = "litdata" if "litdata" in name else "mds"
+        kind = next(k for k in sources if k in name)
         best = min(seconds)
         copy = min(times[f"plain copy of {kind} files"])
         results.append({
@@ -133,8 +177,8 @@ def main() -> None:
             f"{r['contender']:<34} {r['MB_per_s']:8.1f} MB/s  {r['vs_plain_copy']:5.2f}x the "
             "plain copy's speed"
         )
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
+    report = new_report("bench_import", info, args.quick, repeat=repeat, results=results)
+    finish_report(report, Path(args.json) if args.json else None, started)
 
 
 if __name__ == "__main__":

@@ -565,3 +565,17 @@ def test_hugging_face_dataset_appends_through_its_arrow_table():
     store.append(ds.data.table)  # the Arrow table under the dataset: a column at a time
     want = [{k: columns[k][i] for k in columns} for i in range(50)]
     _same_samples(store.snapshot(), want)
+
+
+def test_default_workers_are_no_more_than_the_source_has_chunks_worth(tmp_path):
+    # Each worker ends with a part-filled chunk the parent re-packs: a source smaller than
+    # a chunk is read by one process whatever the cores.
+    from txstore.interop.imports import _workers
+
+    dest = str(tmp_path / "st")
+    mib = 1024 * 1024
+    assert _workers(None, 10, 10 * mib, "64MiB", dest, None) == 1
+    assert _workers(None, 10, 3 * 64 * mib, "64MiB", dest, None) == min(os.cpu_count() or 1, 3)
+    assert _workers(None, 10, 0, "64MiB", dest, None) == 1
+    assert _workers(4, 10, 0, "64MiB", dest, None) == 4
+    assert _workers(None, 10, 10**12, "64MiB", "memory://x", None) == 1

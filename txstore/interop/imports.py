@@ -22,6 +22,7 @@ from typing import Any
 from ..errors import NotFoundError, StorageError
 from ..format import peer_litdata, peer_mds
 from ..format.manifest import DEFAULT_CHUNK_BYTES
+from ..format.units import parse_size
 from ..storage import Storage, open_storage
 from ..store.core import Commit
 from ..store.ingest import optimize
@@ -47,12 +48,31 @@ def _read(storage: Storage, key: str) -> bytes:
         raise NotFoundError(f"{storage.uri}/{key} does not exist") from None
 
 
-def _workers(num_workers: int | None, inputs: int, dest: str, options: Any) -> int:
+def _workers(
+    num_workers: int | None,
+    inputs: int,
+    source_bytes: int,
+    chunk_bytes: int | str,
+    dest: str,
+    options: Any,
+) -> int:
+    """Worker processes by default: one per core, but no more than there are chunks' worth
+    of source bytes, since each worker ends with a part-filled chunk the parent re-packs
+    (for a small dataset that costs more than the parallel reads save)."""
     if num_workers is not None:
         return max(1, num_workers)
     if not open_storage(dest, options).shared_across_processes:
         return 1  # a memory store lives in this process
-    return max(1, min(os.cpu_count() or 1, inputs))
+    chunks_worth = max(1, source_bytes // max(1, parse_size(chunk_bytes)))
+    return max(1, min(os.cpu_count() or 1, inputs, chunks_worth))
+
+
+def _bytes(entry: Any, *keys: str) -> int:
+    """A size in a source's index entry (``entry[keys[0]][keys[1]]...``), where it may be
+    absent or malformed: then 0."""
+    for key in keys:
+        entry = entry.get(key) if isinstance(entry, dict) else None
+    return entry if isinstance(entry, int) and entry > 0 else 0
 
 
 def _uri(src: str | os.PathLike[str] | Storage) -> tuple[str, dict[str, Any] | None]:
@@ -123,7 +143,14 @@ def import_litdata(
         fn,
         [_File(str(c["filename"]), c) for c in chunks],
         dest,
-        num_workers=_workers(num_workers, len(chunks), dest, storage_options),
+        num_workers=_workers(
+            num_workers,
+            len(chunks),
+            sum(_bytes(c, "chunk_bytes") for c in chunks),
+            chunk_bytes,
+            dest,
+            storage_options,
+        ),
         chunk_bytes=chunk_bytes,
         mode=mode,
         compression=compression,
@@ -188,7 +215,14 @@ def import_mds(
         _MdsShard(uri, options),
         [_File(peer_mds.shard_file(s)[0], s) for s in shards],
         dest,
-        num_workers=_workers(num_workers, len(shards), dest, storage_options),
+        num_workers=_workers(
+            num_workers,
+            len(shards),
+            sum(_bytes(s, "raw_data", "bytes") for s in shards),
+            chunk_bytes,
+            dest,
+            storage_options,
+        ),
         chunk_bytes=chunk_bytes,
         mode=mode,
         compression=compression,
@@ -336,7 +370,14 @@ def import_parquet(
         _ParquetRowGroup(src_storage_options, columns),
         groups,
         dest,
-        num_workers=_workers(num_workers, len(groups), dest, storage_options),
+        num_workers=_workers(
+            num_workers,
+            len(groups),
+            sum(size for _, _, size in files),
+            chunk_bytes,
+            dest,
+            storage_options,
+        ),
         chunk_bytes=chunk_bytes,
         mode=mode,
         compression=compression,

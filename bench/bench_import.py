@@ -67,7 +67,13 @@ def write_parquet(out: Path, n: int) -> None:
         ids = list(range(f * per_file, min(n, (f + 1) * per_file)))
         blobs = [_sample(i)["blob"] for i in ids]
         table = pa.table({"id": pa.array(ids, pa.int64()), "blob": pa.array(blobs, pa.binary())})
-        pq.write_table(table, out / f"part-{f}.parquet", row_group_size=250, compression="none")
+        pq.write_table(
+            table,
+            out / f"part-{f}.parquet",
+            row_group_size=250,
+            compression="none",
+            use_dictionary=False,
+        )
 
 
 def _lance_to(src: Path, dest: Path) -> None:

@@ -143,7 +143,7 @@ def main() -> None:
         write_litdata(sources["litdata"], n)
         write_mds(sources["mds"], n)
         write_parquet(sources["parquet"], n)
-        importers = {
+        importers: dict[str, Callable[..., Any]] = {
             "litdata": txstore.import_litdata,
             "mds": txstore.import_mds,
             "parquet": txstore.import_parquet,

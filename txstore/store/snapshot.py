@@ -18,6 +18,7 @@ from ..errors import (
     CorruptError,
     FieldMissingError,
     FieldNotFoundError,
+    InputError,
     MissingDataError,
     NotFoundError,
 )
@@ -769,21 +770,52 @@ class Snapshot(Sequence[Sample]):
 
     # -- columnar reads (the ``arrow`` extra: pyarrow) -------------------------------------
 
-    def chunk_tables(self, fields: Iterable[str] | None = None) -> Iterator[Any]:
-        """A ``pyarrow.Table`` per chunk, in order (``fields``: only those), reading the next
-        chunk while converting one."""
+    def chunk_tables(
+        self, fields: Iterable[str] | None = None, *, chunks: Iterable[int] | None = None
+    ) -> Iterator[Any]:
+        """A ``pyarrow.Table`` per chunk, in order (``fields``: only those; ``chunks``: only
+        the chunks of those numbers, in that order), reading the next chunk while converting
+        one."""
         view = self if fields is None else self._nullable(fields)
-        chunks = view.chunk_refs()
+        refs = view._chosen_chunks(chunks)
         reader, version, wanted = view._reader, view.version, view._fields
-        if not chunks:
+        if not refs:
             return
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="txstore-read") as pool:
-            ahead: Future[Fetched] = pool.submit(reader.fetch, chunks[0], version, wanted)
-            for i, chunk in enumerate(chunks):
+            ahead: Future[Fetched] = pool.submit(reader.fetch, refs[0], version, wanted)
+            for i, chunk in enumerate(refs):
                 fetched = ahead.result()
-                if i + 1 < len(chunks):
-                    ahead = pool.submit(reader.fetch, chunks[i + 1], version, wanted)
+                if i + 1 < len(refs):
+                    ahead = pool.submit(reader.fetch, refs[i + 1], version, wanted)
                 yield reader.table(fetched, chunk)
+
+    def _chosen_chunks(self, numbers: Iterable[int] | None) -> list[ChunkRef]:
+        refs = self.chunk_refs()
+        if numbers is None:
+            return list(refs)
+        chosen = []
+        for n in numbers:
+            if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n < len(refs):
+                raise InputError(f"chunk {n!r}: this version has chunks 0 to {len(refs) - 1}")
+            chosen.append(refs[n])
+        return chosen
+
+    def to_hf(self, fields: Iterable[str] | None = None, *, streaming: bool = False) -> Any:
+        """The samples as a Hugging Face ``datasets.Dataset`` (every sample read into one
+        in-memory Arrow table), or with ``streaming=True`` an ``IterableDataset`` that reads
+        a chunk at a time, each chunk a shard. Columns and types as ``to_arrow`` gives them;
+        ``fields``: only those. Needs the ``hf`` extra."""
+        from ..format import hf
+
+        if not streaming:
+            return hf.in_memory(self.to_arrow(fields))
+        wanted = None if fields is None else list(fields)
+        view = self if wanted is None else self._nullable(wanted)  # refuse unknown fields now
+
+        def tables_of(chunks: list[int]) -> Iterator[Any]:
+            return view.chunk_tables(chunks=chunks)
+
+        return hf.streaming(tables_of, len(view.chunk_refs()))
 
     def to_batches(
         self,

@@ -711,6 +711,30 @@ REMOTE_TASKS = {
 }
 
 
+def import_section(report: Report) -> str:
+    rows = [
+        [
+            r["contender"],
+            f"{r['samples']:,}",
+            f"{r['bytes'] / 1e6:,.0f}",
+            f"{r['MB_per_s']:,.0f}",
+            x(r["vs_plain_copy"]),
+        ]
+        for r in report["results"]
+    ]
+    return "\n".join([
+        "## Importing LitData, MDS and Parquet datasets\n",
+        "`bench_import.py`: samples `{id: int, blob: 100 KiB of random bytes}` written by "
+        "`litdata.optimize`, `streaming.MDSWriter` and `pyarrow.parquet` (4 files, 250-row "
+        "groups, uncompressed), imported into a new uncompressed store. Each is measured "
+        "against a plain durable copy of its source's files (read, write, fsync) in the same "
+        "run, best of the repeats; Lance's `write_dataset` from the same Parquet files beside "
+        "them.\n",
+        table(["contender", "samples", "source MB", "MB/s", "÷ plain copy"], rows) + "\n",
+        run_line([report]) + "\n",
+    ])  # fmt: skip
+
+
 def _remote(report: Report) -> dict[tuple[str, float, str, str, str], Row]:
     return {
         (r["kind"], r["latency_ms"], r["workload"], r["task"], r["system"]): r["median"]
@@ -992,6 +1016,8 @@ def generate(reports: Sequence[Report], plots: Plots, inputs: Sequence[Path]) ->
         parts.append(workers_section(by_kind["read-workers"], plots))
     if "fields" in by_kind:
         parts.append(fields_section(by_kind["fields"]))
+    if "import" in by_kind:
+        parts.append(import_section(by_kind["import"]))
     if "remote" in by_kind:
         parts.append(remote_section(by_kind["remote"], plots))
     if "tokens" in by_kind:

@@ -33,7 +33,9 @@ from .errors import (
     VersionExpiredError,
     VersionNotFoundError,
 )
+from .interop.imports import import_litdata, import_mds, import_parquet
 from .store.core import Commit, Store, create, open
+from .store.exports import Export, export_litdata, export_mds, export_parquet
 from .store.ingest import optimize
 from .store.lease import Lease
 from .store.progress import Progress
@@ -81,6 +83,7 @@ __all__ = [
     "ConflictError",
     "CorruptError",
     "EncodeError",
+    "Export",
     "FieldExistsError",
     "FieldMissingError",
     "FieldNotFoundError",
@@ -117,6 +120,12 @@ __all__ = [
     "VersionExpiredError",
     "VersionNotFoundError",
     "create",
+    "export_litdata",
+    "export_mds",
+    "export_parquet",
+    "import_litdata",
+    "import_mds",
+    "import_parquet",
     "open",
     "optimize",
 ]

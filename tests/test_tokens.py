@@ -285,3 +285,18 @@ def test_counts_from_a_lengths_field(tmp_path: Path, arrays: list[Any]) -> None:
     store.append([{"tokens": np.arange(3), "n": "three"}])
     with pytest.raises(txstore.FieldTypeError, match=rf"'n'.*sample {len(arrays) + 2}\b"):
         TokenStreamingDataset(store.snapshot(), block_size=37, lengths_field="n")
+
+
+def test_windows_are_shuffled_within_a_chunk(tmp_path: Path, arrays: list[Any]) -> None:
+    store = txstore.create(str(tmp_path / "s"))  # one chunk: no chunk order to shuffle
+    store.append({"tokens": a} for a in arrays)
+    assert len(store.snapshot().chunks()) == 1
+
+    def order(epoch: int) -> list[int]:
+        ds = TokenStreamingDataset(store.snapshot(), block_size=37, shuffle=True, seed=2)
+        ds.set_epoch(epoch)
+        return [int(w[0]) // 37 for w in ds]
+
+    first = order(0)
+    assert sorted(first) == list(range(len(first))) and first != sorted(first)
+    assert order(1) != first and order(0) == first

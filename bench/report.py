@@ -711,6 +711,43 @@ REMOTE_TASKS = {
 }
 
 
+ARROW_TARGETS = {
+    "batches / dicts": (">=", 2.0),
+    "batches / lance-2.0": (">=", 1.2),
+    "scan txstore / lance-2.0 (speed)": (">=", 1.5),
+    "take(64) / 64 x snap[i] (time)": ("<=", 0.5),
+}
+
+
+def arrow_section(report: Report) -> str:
+    n = report.get("workload", "W1")
+    writes = [[name, f"{seconds:.2f}"] for name, seconds in report["write_s"].items()]
+    scans = [[name, f"{seconds:.3f}"] for name, seconds in report["scan_s"].items()]
+    takes = [[name, f"{seconds * 1e3:.2f}"] for name, seconds in report["take_s"].items()]
+    ratios = []
+    for name, value in report["ratios"].items():
+        sign, target = ARROW_TARGETS.get(name, ("", None))
+        met = (
+            ""
+            if target is None
+            else ("met" if (value >= target if sign == ">=" else value <= target) else "not met")
+        )
+        ratios.append([name, f"{value:.2f}", "" if target is None else f"{sign} {target}", met])
+    return "\n".join([
+        "## Arrow in and out (txstore and Lance)\n",
+        f"`bench_arrow.py`, {n}: txstore's `append` of record batches against its `append` of "
+        "dicts and Lance's `write_dataset` of the same table (Arrow conversion before the "
+        "timer for both; every total includes an fsync of the files each left); a warm scan "
+        "into record batches; `take` of 64 random rows against 64 `snap[i]` and Lance's "
+        "`take`. Medians of the repeats.\n",
+        table(["write (durable)", "s"], writes) + "\n",
+        table(["scan, warm", "s"], scans) + "\n",
+        table(["64 random rows", "ms"], takes) + "\n",
+        table(["ratio", "value", "target", ""], ratios) + "\n",
+        run_line([report]) + "\n",
+    ])  # fmt: skip
+
+
 def import_section(report: Report) -> str:
     rows = [
         [
@@ -1016,6 +1053,8 @@ def generate(reports: Sequence[Report], plots: Plots, inputs: Sequence[Path]) ->
         parts.append(workers_section(by_kind["read-workers"], plots))
     if "fields" in by_kind:
         parts.append(fields_section(by_kind["fields"]))
+    if "arrow" in by_kind:
+        parts.append(arrow_section(by_kind["arrow"]))
     if "import" in by_kind:
         parts.append(import_section(by_kind["import"]))
     if "remote" in by_kind:

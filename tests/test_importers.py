@@ -473,6 +473,17 @@ def test_parquet_import_glob_folder_and_columns(tmp_path: Path):
         txstore.import_parquet(str(tmp_path / "pq" / "*.nothing"), str(tmp_path / "d"))
 
 
+def test_parquet_import_from_an_object_store_reads_ranges(tmp_path: Path, s3_server: Any):
+    # Not files on this machine: the row groups are read through ranged reads of the storage.
+    rows = _parquet_files(tmp_path / "pq")
+    src = f"s3://{s3_server.new_bucket()}/pq"
+    _copy_into(tmp_path / "pq", src, s3_server.options)
+    txstore.import_parquet(src + "/part-*.parquet", str(tmp_path / "a"),
+                           src_storage_options=s3_server.options, num_workers=1,
+                           progress=False)  # fmt: skip
+    _same_samples(txstore.open(str(tmp_path / "a")).snapshot(), rows)
+
+
 def test_parquet_export_reads_back_in_pyarrow(tmp_path: Path):
     store = txstore.create(str(tmp_path / "st"), chunk_bytes=2048)
     rows = [{"id": i, "text": f"r{i}", **({"score": i / 2} if i > 50 else {})} for i in range(90)]

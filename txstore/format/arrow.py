@@ -556,7 +556,8 @@ def cast(table: Any, schema: Any) -> Any:
 
 
 def parquet_row_groups(file: Any, where: str) -> int:
-    """How many row groups a Parquet file (a seekable binary file object) has."""
+    """How many row groups a Parquet file (a local path or a seekable binary file object)
+    has."""
     return len(_parquet_fragment(file, where).split_by_row_group())
 
 
@@ -573,10 +574,17 @@ def parquet_row_group(file: Any, number: int, columns: list[str] | None, where: 
 
 
 def _parquet_fragment(file: Any, where: str) -> Any:
+    """``file``: a local path (read by Arrow's own file system, several times faster than
+    through a Python file object) or a seekable binary file object."""
     import pyarrow.dataset as ds
+    from pyarrow import fs as arrow_fs
 
     try:
-        fragment = ds.ParquetFileFormat().make_fragment(pa.PythonFile(file, mode="r"))
+        if isinstance(file, str):
+            local = arrow_fs.LocalFileSystem()
+            fragment = ds.ParquetFileFormat().make_fragment(file, filesystem=local)
+        else:
+            fragment = ds.ParquetFileFormat().make_fragment(pa.PythonFile(file, mode="r"))
         fragment.ensure_complete_metadata()
     except (pa.ArrowInvalid, OSError) as e:
         raise CorruptError(f"{where}: not a Parquet file: {e}") from e

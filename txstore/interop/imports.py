@@ -320,6 +320,14 @@ def parquet_files(
     return found
 
 
+def _parquet_file(storage: Storage, key: str, size: int) -> str | RangedFile:
+    """A Parquet file to read: its path where it is a file on this machine (Arrow reads it
+    itself), else ranged reads through the storage."""
+    if storage.local_path is not None:
+        return os.path.join(storage.local_path, *key.split("/"))
+    return RangedFile(storage, key, size)
+
+
 class _ParquetRowGroup:
     """Reads one row group of a Parquet file as a table (the function ``optimize`` maps)."""
 
@@ -330,8 +338,8 @@ class _ParquetRowGroup:
         from ..format import arrow
 
         root, key, size, number = file.entry
-        ranged = RangedFile(_source(root, self.options), key, size)
-        return arrow.parquet_row_group(ranged, number, self.columns, f"{root}/{key}")
+        source = _parquet_file(_source(root, self.options), key, size)
+        return arrow.parquet_row_group(source, number, self.columns, f"{root}/{key}")
 
 
 def import_parquet(
@@ -363,7 +371,7 @@ def import_parquet(
     files = parquet_files(paths_or_glob, src_storage_options)
     groups: list[_File] = []
     for root, key, size in files:
-        file = RangedFile(_source(root, src_storage_options), key, size)
+        file = _parquet_file(_source(root, src_storage_options), key, size)
         count = arrow.parquet_row_groups(file, f"{root}/{key}")
         groups += [_File(f"{key}, row group {n}", (root, key, size, n)) for n in range(count)]
     return optimize(

@@ -68,7 +68,11 @@ def test_streaming_dataset_reads_a_pinned_version_chunk_by_chunk(store):
 
 def test_streaming_dataset_through_dataloader_workers_sees_each_sample_once(store):
     it = store.snapshot().to_hf(["id"], streaming=True)
-    loader = torch.utils.data.DataLoader(it, batch_size=None, num_workers=2)
+    # spawn: the workers get the dataset handed over, not inherited (forkserver, the
+    # default from Python 3.14, does the same)
+    loader = torch.utils.data.DataLoader(
+        it, batch_size=None, num_workers=2, multiprocessing_context="spawn"
+    )
     seen = [int(row["id"]) for row in loader]
     assert sorted(seen) == list(range(N))
 

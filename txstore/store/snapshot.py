@@ -811,11 +811,7 @@ class Snapshot(Sequence[Sample]):
             return hf.in_memory(self.to_arrow(fields))
         wanted = None if fields is None else list(fields)
         view = self if wanted is None else self._nullable(wanted)  # refuse unknown fields now
-
-        def tables_of(chunks: list[int]) -> Iterator[Any]:
-            return view.chunk_tables(chunks=chunks)
-
-        return hf.streaming(tables_of, len(view.chunk_refs()))
+        return hf.streaming(_ChunkTables(view), len(view.chunk_refs()))
 
     def to_batches(
         self,
@@ -918,6 +914,18 @@ class Snapshot(Sequence[Sample]):
         ``size_limit``, ``storage_options``, ``progress``
         (``txstore.export_mds``)."""
         return exports.export_mds(self, dest, **options)
+
+
+class _ChunkTables:
+    """A snapshot's tables of the chunks given by number: what the shards of a streaming
+    Hugging Face dataset read. A class, not a closure, so that DataLoader workers started
+    with spawn receive it (with its snapshot, as ``Snapshot.__reduce__`` hands it over)."""
+
+    def __init__(self, snap: Snapshot) -> None:
+        self.snap = snap
+
+    def __call__(self, chunks: list[int]) -> Iterator[Any]:
+        return self.snap.chunk_tables(chunks=chunks)
 
 
 def _rebuild(

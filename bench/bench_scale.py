@@ -41,6 +41,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -133,7 +134,9 @@ def summary(values: Sequence[float]) -> dict[str, Any]:
     return {"median": median(values), "p90": p90(values), "runs": list(values)}
 
 
-def measure(uri: str, reference_uri: str, history: int, repeat: int, rng: random.Random) -> dict:
+def measure(
+    uri: str, reference_uri: str, history: int, repeat: int, rng: random.Random
+) -> dict[str, Any]:
     """The figures on the store at ``uri`` (``history`` versions built, txn ids as above)."""
     import txstore
 
@@ -143,10 +146,14 @@ def measure(uri: str, reference_uri: str, history: int, repeat: int, rng: random
     reference.append([sample(1)])
     out: dict[str, Any] = {}
 
-    commits, references = [], []
+    # In pairs, which store goes first drawn at random: see bench_append.py.
+    commits: list[float] = []
+    references: list[float] = []
     for k in range(repeat):
-        commits.append(timed(lambda k=k: store.append([sample(k)]))[0])
-        references.append(timed(lambda k=k: reference.append([sample(k)]))[0])
+        pair = [(store, commits), (reference, references)]
+        rng.shuffle(pair)
+        for which, into in pair:
+            into.append(timed(partial(which.append, [sample(k)]))[0])
     out["commit_ms"] = summary(commits)
     out["commit_reference_ms"] = summary(references)
 
@@ -159,7 +166,7 @@ def measure(uri: str, reference_uri: str, history: int, repeat: int, rng: random
     old_ids = [f"history-{rng.randint(2, history)}" for _ in range(repeat)] if history > 1 else []
     lookups = []
     for txn_id in old_ids:
-        ms, commit = timed(lambda t=txn_id: store.append([sample(0)], txn_id=t))
+        ms, commit = timed(partial(store.append, [sample(0)], txn_id=txn_id))
         if commit.attempts != 0 or commit.txn_id != txn_id:
             raise RuntimeError(f"txn lookup of {txn_id}: committed again ({commit})")
         lookups.append(ms)
@@ -168,7 +175,7 @@ def measure(uri: str, reference_uri: str, history: int, repeat: int, rng: random
     logs = []
     for _ in range(repeat):
         fresh = txstore.open(uri)
-        ms, entries = timed(lambda f=fresh: f.log(limit=20))
+        ms, entries = timed(partial(fresh.log, limit=20))
         if len(entries) != min(20, fresh.version + 1):
             raise RuntimeError(f"log(limit=20) gave {len(entries)} entries")
         logs.append(ms)

@@ -406,8 +406,16 @@ def latency_section(report: Report, plots: Plots) -> str:
             f"{p['reference_median_ms']:.2f}",
             x(p["vs_reference"]),
         ]
+        + (
+            [x(p["user_vs_reference"]), x(p["sys_vs_reference"])]
+            if "user_vs_reference" in p
+            else []
+        )
         for p in s["points"]
     ]
+    headers = ["versions", "chunks", "median ms", "p90 ms", "reference median ms", "÷ reference"]
+    if "user_vs_reference" in s["points"][0]:
+        headers += ["user CPU ÷ reference", "system CPU ÷ reference"]
     text = f"""## Commit latency against history length
 
 `bench_append.py --commit-latency`: one-sample appends ({len(s["points"][0]["latencies_ms"])}
@@ -415,7 +423,7 @@ timed at each size) to a store grown to each number of versions, each version of
 adding {s["chunks_per_version"]} chunk references. Each timed append is interleaved with one to
 a fresh store of about 10 versions (the reference): drift on a busy machine hits both alike.
 
-{table(["versions", "chunks", "median ms", "p90 ms", "reference median ms", "÷ reference"], rows)}
+{table(headers, rows)}
 
 {s["ratio_label"]}: median {s["median_ratio"]:.2f}×, p90 {s["p90_ratio"]:.2f}×; against the
 interleaved reference {s["interleaved_ratio"]:.2f}× (target: within 1.5×). The history of

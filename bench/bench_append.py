@@ -14,6 +14,8 @@ See bench/README.md for the setup.
 from __future__ import annotations
 
 import argparse
+import random
+import resource
 import shutil
 import statistics
 import sys
@@ -205,6 +207,13 @@ class LatencyPoint:
     version_after: int
     latencies_ms: list[float] = field(repr=False)
     reference_ms: list[float] = field(repr=False)
+    #: User and system CPU time of the same appends (every thread of the process): user time
+    #: is txstore's own work, system time the kernel's (the file system), and neither holds
+    #: the waits for the disk that wall time also holds.
+    user_ms: list[float] = field(repr=False, default_factory=list)
+    sys_ms: list[float] = field(repr=False, default_factory=list)
+    reference_user_ms: list[float] = field(repr=False, default_factory=list)
+    reference_sys_ms: list[float] = field(repr=False, default_factory=list)
     chunks: int = 0  # chunk references in the store's latest version
 
     def to_json(self) -> dict[str, Any]:
@@ -216,6 +225,12 @@ class LatencyPoint:
             reference_p90_ms=quantile_ms(self.reference_ms, 9),
         )
         data["vs_reference"] = data["median_ms"] / data["reference_median_ms"]
+        if self.user_ms and self.reference_user_ms:
+            # Means: the kernel accounts CPU time in ticks, so single figures are coarse.
+            for key in ("user_ms", "sys_ms", "reference_user_ms", "reference_sys_ms"):
+                data[key.replace("_ms", "_mean_ms")] = statistics.fmean(getattr(self, key))
+            data["user_vs_reference"] = data["user_mean_ms"] / data["reference_user_mean_ms"]
+            data["sys_vs_reference"] = data["sys_mean_ms"] / data["reference_sys_mean_ms"]
         return data
 
 
@@ -234,11 +249,16 @@ class OneSampleFeed:
         return [sample]
 
 
-def timed_append(store: Any, feed: OneSampleFeed) -> tuple[int, float]:
+def timed_append(store: Any, feed: OneSampleFeed) -> tuple[int, float, float, float]:
+    """(version, wall, user CPU, system CPU seconds) of a one-sample append."""
     batch = feed.next_batch()
+    before = resource.getrusage(resource.RUSAGE_SELF)
     start = time.perf_counter()
     commit = store.append(iter_samples(batch))
-    return int(commit.version), time.perf_counter() - start
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    user, system = after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime
+    return int(commit.version), wall, user, system
 
 
 def build_history(
@@ -253,7 +273,7 @@ def build_history(
     the timed appends are real appends of one new chunk each."""
     made = 0
     if version == 0:
-        version, _ = timed_append(store, feed)
+        version, *_ = timed_append(store, feed)
         made += 1
     (template,) = store.snapshot(1).chunk_refs()
     chunks = (template,) * chunks_per_version
@@ -304,14 +324,25 @@ def commit_latency(
 def measure_latency_point(
     store: Any, reference: Any, feed: OneSampleFeed, version: int, target: int, per_size: int
 ) -> LatencyPoint:
-    latencies, reference_latencies = [], []
-    version_before = version
+    """``per_size`` appends to each store in pairs, which one goes first drawn at random
+    (seeded): the second append of a pair meets the disk after the first one's fsyncs, so a
+    fixed order would charge one store for the other's writeback."""
+    point = LatencyPoint(target, version, version, [], [])
+    order = random.Random(target)
     for _ in range(per_size):
-        version, seconds = timed_append(store, feed)
-        latencies.append(seconds * 1000)
-        _, seconds = timed_append(reference, feed)
-        reference_latencies.append(seconds * 1000)
-    return LatencyPoint(target, version_before, version, latencies, reference_latencies)
+        pair = [(store, point.latencies_ms, point.user_ms, point.sys_ms)]
+        pair.append(
+            (reference, point.reference_ms, point.reference_user_ms, point.reference_sys_ms)
+        )
+        order.shuffle(pair)
+        for which, wall_ms, user_ms, sys_ms in pair:
+            got, wall, user, system = timed_append(which, feed)
+            wall_ms.append(wall * 1000)
+            user_ms.append(user * 1000)
+            sys_ms.append(system * 1000)
+            if which is store:
+                point.version_after = got
+    return point
 
 
 def print_latency_point(point: LatencyPoint, build_s: float, build_appends: int) -> None:
@@ -320,7 +351,9 @@ def print_latency_point(point: LatencyPoint, build_s: float, build_appends: int)
         f"  at {point.version_before:>6} versions ({point.chunks:,} chunks): "
         f"median {data['median_ms']:6.2f} ms, "
         f"p90 {data['p90_ms']:6.2f} ms; reference store at ~{REFERENCE_VERSIONS}: "
-        f"median {data['reference_median_ms']:6.2f} ms "
+        f"median {data['reference_median_ms']:6.2f} ms; mean user/system CPU "
+        f"{data['user_mean_ms']:.2f}/{data['sys_mean_ms']:.2f} ms, reference "
+        f"{data['reference_user_mean_ms']:.2f}/{data['reference_sys_mean_ms']:.2f} ms "
         f"(history so far: {build_appends} versions in {build_s:.1f} s)",
         flush=True,
     )
@@ -340,11 +373,16 @@ def latency_summary(
         "median_ratio": last["median_ms"] / first["median_ms"],
         "p90_ratio": last["p90_ms"] / first["p90_ms"],
         "interleaved_ratio": last["vs_reference"],
+        "user_interleaved_ratio": last.get("user_vs_reference"),
+        "sys_interleaved_ratio": last.get("sys_vs_reference"),
     }
 
 
 def print_latency_table(summary: dict[str, Any]) -> None:
-    header = "| versions | chunks | median ms | p90 ms | ref median ms | ref p90 ms | vs ref |"
+    header = (
+        "| versions | chunks | median ms | p90 ms | ref median ms | ref p90 ms | vs ref "
+        "| user ms | sys ms | ref user ms | ref sys ms |"
+    )
     print("\n" + header)
     print("|" + "|".join("-" * len(cell) for cell in header.split("|")[1:-1]) + "|")
     for p in summary["points"]:
@@ -352,14 +390,17 @@ def print_latency_table(summary: dict[str, Any]) -> None:
             f"| {p['version_before']:>8} | {p['chunks']:>6} | {p['median_ms']:9.2f} "
             f"| {p['p90_ms']:6.2f} "
             f"| {p['reference_median_ms']:13.2f} | {p['reference_p90_ms']:10.2f} "
-            f"| {p['vs_reference']:6.2f} |"
+            f"| {p['vs_reference']:6.2f} | {p['user_mean_ms']:7.2f} | {p['sys_mean_ms']:6.2f} "
+            f"| {p['reference_user_mean_ms']:11.2f} | {p['reference_sys_mean_ms']:10.2f} |"
         )
     worst = max(summary["median_ratio"], summary["interleaved_ratio"])
     verdict = "OK" if worst <= 1.5 else "ABOVE TARGET"
     print(
         f"\n{summary['ratio_label']}: median {summary['median_ratio']:.2f}x, "
         f"p90 {summary['p90_ratio']:.2f}x; against the interleaved ~{REFERENCE_VERSIONS}-version "
-        f"store: {summary['interleaved_ratio']:.2f}x (target: within 1.5x -> {verdict})"
+        f"store: {summary['interleaved_ratio']:.2f}x (target: within 1.5x -> {verdict}); "
+        f"CPU time against it: user {fmt(summary['user_interleaved_ratio'], '.2f')}x, "
+        f"system {fmt(summary['sys_interleaved_ratio'], '.2f')}x"
     )
     print(
         f"history build: {summary['build_appends']} versions of "

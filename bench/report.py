@@ -3,10 +3,10 @@
     python bench/report.py bench/results/*.json [--out docs/benchmarks.md] [--img docs/img]
 
 Each input is the ``--json`` output of one script (bench_append.py, its --commit-latency part,
-bench_optimize.py, bench_read.py, bench_fields.py, bench_remote.py, bench_tokens.py); the
-script that wrote it
-is in its ``script`` field. A section appears for every kind of report given; the plots need
-matplotlib (in the bench venv, never a txstore dependency).
+bench_optimize.py, bench_read.py, bench_fields.py, bench_remote.py, bench_tokens.py,
+bench_scale.py, bench_arrow.py, bench_import.py); the script that wrote it is in its ``script``
+field. A section appears for every kind of report given; the plots need matplotlib (in the
+bench venv, never a txstore dependency).
 """
 
 # ruff: noqa: RUF001, RUF002  (the report writes the multiplication sign on purpose)
@@ -407,8 +407,16 @@ def latency_section(report: Report, plots: Plots) -> str:
             f"{p['reference_median_ms']:.2f}",
             x(p["vs_reference"]),
         ]
+        + (
+            [x(p["user_vs_reference"]), x(p["sys_vs_reference"])]
+            if "user_vs_reference" in p
+            else []
+        )
         for p in s["points"]
     ]
+    headers = ["versions", "chunks", "median ms", "p90 ms", "reference median ms", "÷ reference"]
+    if "user_vs_reference" in s["points"][0]:
+        headers += ["user CPU ÷ reference", "system CPU ÷ reference"]
     text = f"""## Commit latency against history length
 
 `bench_append.py --commit-latency`: one-sample appends ({len(s["points"][0]["latencies_ms"])}
@@ -416,7 +424,7 @@ timed at each size) to a store grown to each number of versions, each version of
 adding {s["chunks_per_version"]} chunk references. Each timed append is interleaved with one to
 a fresh store of about 10 versions (the reference): drift on a busy machine hits both alike.
 
-{table(["versions", "chunks", "median ms", "p90 ms", "reference median ms", "÷ reference"], rows)}
+{table(headers, rows)}
 
 {s["ratio_label"]}: median {s["median_ratio"]:.2f}×, p90 {s["p90_ratio"]:.2f}×; against the
 interleaved reference {s["interleaved_ratio"]:.2f}× (target: within 1.5×). The history of
@@ -442,6 +450,78 @@ interleaved reference {s["interleaved_ratio"]:.2f}× (target: within 1.5×). The
         return fig
 
     link = plots.save("commit-latency", "commit latency against history length", draw)
+    return text + (f"\n{link}\n" if link else "")
+
+
+SCALE_FIGURES = (
+    ("commit_ms", "commit"),
+    ("open_locate_ms", "open + [i]"),
+    ("txn_lookup_ms", "txn_id lookup"),
+    ("log20_ms", "log(20)"),
+    ("time_travel_ms", "old v [i]"),
+    ("expire_ms", "expire 1%"),
+    ("vacuum_ms", "vacuum"),
+    ("verify_ms", "verify quick"),
+)
+
+
+def scale_section(report: Report, plots: Plots) -> str:
+    rows_in = report["rows"]
+    backends = sorted({r["backend"] for r in rows_in})
+    headers = ["backend", "versions", "chunks", "manifest B"]
+    headers += [f"{label} ms" for _, label in SCALE_FIGURES] + ["commit ÷ ref"]
+    rows = []
+    for r in sorted(rows_in, key=lambda r: (r["backend"], r["versions"])):
+        cells = [r["backend"], f"{r['versions']:,}", f"{r['chunks']:,}"]
+        cells.append(f"{r['manifest_bytes']:,}")
+        for key, _ in SCALE_FIGURES:
+            value = r.get(key)
+            cells.append("-" if value is None else f"{value['median']:.2f}")
+        cells.append(x(r["commit_ms"]["median"] / r["commit_reference_ms"]["median"]))
+        rows.append(cells)
+    ratio_rows = [
+        [e["backend"], f"{e['versions']:,}"] + [x(e.get(key)) for key, _ in SCALE_FIGURES]
+        for e in report["ratios"]
+    ]
+    runs = report.get("repeat")
+    text = f"""## Metadata at scale: operations against history length
+
+`bench_scale.py`: stores of each history length, every version adding
+{report["chunks_per_version"]} chunk references, local disk and memory. Medians of {runs} runs
+(expire, vacuum and verify: one run each); the commit is a one-sample append, each interleaved
+with one to a fresh 10-version store on the same backend (`commit ÷ ref`: machine noise hits
+both alike). How the history is built is in the script's docstring.
+
+{table(headers, rows)}
+
+Against the same backend's figure at the shortest history (the targets: commit, open, lookup,
+log and time travel within 1.5×):
+
+{table(["backend", "versions"] + [label for _, label in SCALE_FIGURES], ratio_rows)}
+"""
+
+    def draw(plt: Any) -> Any:
+        fig, axes = plt.subplots(1, len(backends), figsize=(6 * len(backends), 4.5), squeeze=False)
+        for ax, backend in zip(axes[0], backends, strict=True):
+            mine = sorted(
+                (r for r in rows_in if r["backend"] == backend), key=lambda r: r["versions"]
+            )
+            versions = [r["versions"] for r in mine]
+            for key, label in SCALE_FIGURES:
+                values = [r[key]["median"] if r.get(key) else None for r in mine]
+                points = [(v, y) for v, y in zip(versions, values, strict=True) if y]
+                if points:
+                    ax.plot(*zip(*points, strict=True), "o-", label=label)
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_xlabel("versions in the store (log)")
+            ax.set_ylabel("ms (log)")
+            ax.set_title(f"txstore metadata at scale: {backend}")
+            ax.grid(alpha=0.3)
+        axes[0][-1].legend(fontsize=8)
+        return fig
+
+    link = plots.save("scale", "operations against history length", draw)
     return text + (f"\n{link}\n" if link else "")
 
 
@@ -1045,6 +1125,8 @@ def generate(reports: Sequence[Report], plots: Plots, inputs: Sequence[Path]) ->
         parts.append(append_section(by_kind["append"], plots))
     if "latency" in by_kind:
         parts.append(latency_section(by_kind["latency"], plots))
+    if "scale" in by_kind:
+        parts.append(scale_section(by_kind["scale"], plots))
     if "optimize" in by_kind:
         parts.append(optimize_section(by_kind["optimize"], plots))
     if "read" in by_kind:

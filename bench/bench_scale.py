@@ -1,0 +1,332 @@
+"""Metadata at scale: txstore's operations against the length of the history.
+
+For each history length (10, 1,000, 10,000, 100,000 versions; 1,000,000 with --million;
+--quick stops at 10,000) and each backend (a local directory and memory://), a store is built
+whose every version adds --chunks-per-version chunk references (10), then these are timed:
+
+- commit: a one-sample ``append`` (a real chunk written and committed), each interleaved with
+  one to a fresh store of 10 versions on the same backend (the reference);
+- open + locate: ``txstore.open`` then ``snapshot()[i]`` for a random sample ``i``;
+- txn lookup: ``append(..., txn_id=...)`` of a transaction committed at a random old version
+  (found, nothing written);
+- log: ``log(limit=20)`` on a freshly opened store;
+- time travel: ``snapshot(v)[i]`` for a random old version ``v`` and sample ``i`` (store
+  opened untimed, so its caches are cold);
+- expire + vacuum: ``expire`` of the oldest 1% of the versions, then ``vacuum(grace=0)`` on a
+  freshly opened store (one run each);
+- verify: ``verify(quick=True)`` on a freshly opened store (one run).
+
+How the history is built, fast and honestly: through the real commit path
+(``StoreContext.append_chunks``: segments written and merged by ``Segments``, the manifest by
+``txn.rules.next_manifest``, committed by the commit loop with its put-if-absent, txn markers
+and HEAD), each version with its own ``txn_id``, on a memory:// store, where that runs at
+thousands of versions a second. Version 1 is a real one-sample append; every later version
+of the history names its chunk ``--chunks-per-version`` times, so chunk files are not written
+and every sample of every version is readable (each reference is to a real one-sample chunk).
+For the local backend the built store's objects (manifests, segments, txn markers, HEAD,
+refs) are then copied byte for byte into a directory, followed by one ``os.sync()``:
+the same files the commits would have left, without one fsync per file. Timed operations run
+on the real backends with nothing skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from txbench.output import finish_report, new_report
+from txbench.system import default_workdir, machine_info, print_machine
+
+SIZES = (10, 1_000, 10_000, 100_000)
+QUICK_SIZES = (10, 1_000, 10_000)
+MILLION = 1_000_000
+BACKENDS = ("local", "memory")
+REFERENCE_VERSIONS = 10
+
+#: The figures each size reports, in table order: (key, what).
+FIGURES = (
+    ("commit_ms", "one-sample append"),
+    ("open_locate_ms", "open + snapshot()[i]"),
+    ("txn_lookup_ms", "txn_id lookup"),
+    ("log20_ms", "log(limit=20)"),
+    ("time_travel_ms", "snapshot(old v)[i]"),
+    ("expire_ms", "expire oldest 1%"),
+    ("vacuum_ms", "vacuum after it"),
+    ("verify_ms", "verify(quick=True)"),
+)
+
+
+def sample(i: int) -> dict[str, Any]:
+    return {"id": i, "tokens": os.urandom(2048)}
+
+
+def memory_name() -> str:
+    return f"bench-scale-{uuid.uuid4().hex}"
+
+
+def forget_memory(uri: str) -> None:
+    """Free a named memory store (they live for the process otherwise)."""
+    from txstore.storage import memory
+
+    memory._named.pop(uri.removeprefix("memory://"), None)
+
+
+def build_history(uri: str, versions: int, chunks_per_version: int) -> tuple[Any, float]:
+    """A store at ``uri`` with ``versions`` versions after version 0; returns (store, seconds).
+    Version v >= 2 has txn_id ``history-<v>``."""
+    import txstore
+
+    start = time.perf_counter()
+    store = txstore.create(uri)
+    store.append([sample(0)], txn_id="history-1")
+    (template,) = store.snapshot(1).chunk_refs()
+    chunks = (template,) * chunks_per_version
+    ctx = store._ctx
+    manifest = store.snapshot().manifest
+    for v in range(2, versions + 1):
+        manifest = ctx.append_chunks(chunks, start=manifest, txn_id=f"history-{v}").manifest
+        if manifest.version != v:
+            raise RuntimeError(f"history build: committed version {manifest.version}, not {v}")
+    return store, time.perf_counter() - start
+
+
+def copy_to_directory(store: Any, root: Path) -> int:
+    """Every object of ``store`` written as a file under ``root``; returns the count."""
+    storage = store.storage
+    count = 0
+    for info in storage.list(""):
+        path = root.joinpath(*info.key.split("/"))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(storage.read(info.key))
+        count += 1
+    os.sync()
+    return count
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    start = time.perf_counter()
+    result = fn()
+    return (time.perf_counter() - start) * 1000, result
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values)
+
+
+def p90(values: Sequence[float]) -> float:
+    if len(values) < 2:
+        return values[0]
+    return statistics.quantiles(values, n=10, method="inclusive")[8]
+
+
+def summary(values: Sequence[float]) -> dict[str, Any]:
+    return {"median": median(values), "p90": p90(values), "runs": list(values)}
+
+
+def measure(
+    uri: str, reference_uri: str, history: int, repeat: int, rng: random.Random
+) -> dict[str, Any]:
+    """The figures on the store at ``uri`` (``history`` versions built, txn ids as above)."""
+    import txstore
+
+    store = txstore.open(uri)
+    reference = txstore.open(reference_uri)
+    store.append([sample(1)])  # untimed: the backend check, first imports
+    reference.append([sample(1)])
+    out: dict[str, Any] = {}
+
+    # In pairs, which store goes first drawn at random: see bench_append.py.
+    commits: list[float] = []
+    references: list[float] = []
+    for k in range(repeat):
+        pair = [(store, commits), (reference, references)]
+        rng.shuffle(pair)
+        for which, into in pair:
+            into.append(timed(partial(which.append, [sample(k)]))[0])
+    out["commit_ms"] = summary(commits)
+    out["commit_reference_ms"] = summary(references)
+
+    def open_locate() -> Any:
+        snap = txstore.open(uri).snapshot()
+        return snap[rng.randrange(len(snap))]
+
+    out["open_locate_ms"] = summary([timed(open_locate)[0] for _ in range(repeat)])
+
+    old_ids = [f"history-{rng.randint(2, history)}" for _ in range(repeat)] if history > 1 else []
+    lookups = []
+    for txn_id in old_ids:
+        ms, commit = timed(partial(store.append, [sample(0)], txn_id=txn_id))
+        if commit.attempts != 0 or commit.txn_id != txn_id:
+            raise RuntimeError(f"txn lookup of {txn_id}: committed again ({commit})")
+        lookups.append(ms)
+    out["txn_lookup_ms"] = summary(lookups) if lookups else None
+
+    logs = []
+    for _ in range(repeat):
+        fresh = txstore.open(uri)
+        ms, entries = timed(partial(fresh.log, limit=20))
+        if len(entries) != min(20, fresh.version + 1):
+            raise RuntimeError(f"log(limit=20) gave {len(entries)} entries")
+        logs.append(ms)
+    out["log20_ms"] = summary(logs)
+
+    travels = []
+    latest = store.version
+    for _ in range(repeat):
+        fresh = txstore.open(uri)
+        v = rng.randint(1, latest - 1)
+
+        def travel(f: Any = fresh, v: int = v) -> Any:
+            snap = f.snapshot(v)
+            return snap[rng.randrange(len(snap))]
+
+        travels.append(timed(travel)[0])
+    out["time_travel_ms"] = summary(travels)
+
+    # Expire the oldest 1% (at least one version), then vacuum them.
+    latest = store.version
+    expire_count = max(1, history // 100)
+    keep_last = latest + 1 - expire_count
+    ms, report = timed(lambda: txstore.open(uri).expire(keep_last=keep_last))
+    out["expire_ms"] = summary([ms])
+    out["expired_versions"] = len(report.expired)
+    ms, vac = timed(lambda: txstore.open(uri).vacuum(grace=0))
+    out["vacuum_ms"] = summary([ms])
+    out["vacuum_deleted_files"] = len(vac.files)
+    ms, ver = timed(lambda: txstore.open(uri).verify(quick=True))
+    if ver.problems:
+        raise RuntimeError(f"verify found problems: {ver.problems[:3]}")
+    out["verify_ms"] = summary([ms])
+    out["verify_versions"] = ver.versions
+    out["chunks"] = len(store.snapshot().chunk_refs())
+    out["manifest_bytes"] = len(store.storage.read(f"versions/index.v{store.version}.json"))
+    out["segments"] = len(store.snapshot().manifest.segments)
+    return out
+
+
+def run_size(
+    history: int, backends: Sequence[str], chunks: int, repeat: int, workdir: Path, seed: int
+) -> list[dict[str, Any]]:
+    rows = []
+    built, build_s = build_history(f"memory://{memory_name()}", history, chunks)
+    reference, _ = build_history(f"memory://{memory_name()}", REFERENCE_VERSIONS, chunks)
+    run_dir = Path(tempfile.mkdtemp(prefix="txstore-scale-", dir=workdir))
+    try:
+        for backend in backends:
+            copy_s = 0.0
+            if backend == "local":
+                start = time.perf_counter()
+                copy_to_directory(built, run_dir / "store")
+                copy_to_directory(reference, run_dir / "reference")
+                copy_s = time.perf_counter() - start
+                uri, ref_uri = str(run_dir / "store"), str(run_dir / "reference")
+            else:
+                uri, ref_uri = built.uri, reference.uri
+            rng = random.Random(seed + history)
+            figures = measure(uri, ref_uri, history, repeat, rng)
+            row = {"backend": backend, "versions": history, "build_s": build_s}
+            row.update(copy_s=copy_s, **figures)
+            print_row(row)
+            rows.append(row)
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        forget_memory(built.uri)
+        forget_memory(reference.uri)
+    return rows
+
+
+def print_row(row: dict[str, Any]) -> None:
+    parts = [f"{row['backend']:>6} {row['versions']:>9,} versions, {row['chunks']:,} chunks:"]
+    for key, _ in FIGURES:
+        value = row.get(key)
+        parts.append(f"{key.removesuffix('_ms')} {value['median']:.2f}" if value else f"{key} -")
+    parts.append(f"(ref commit {row['commit_reference_ms']['median']:.2f})")
+    parts.append(f"manifest {row['manifest_bytes']:,} B, {row['segments']} segments")
+    parts.append(f"build {row['build_s']:.1f} s")
+    print(" ".join(parts), flush=True)
+
+
+def ratios(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each figure at each size against the same backend's figure at the smallest size."""
+    out = []
+    for backend in sorted({r["backend"] for r in rows}):
+        mine = sorted((r for r in rows if r["backend"] == backend), key=lambda r: r["versions"])
+        first = mine[0]
+        for r in mine[1:]:
+            entry: dict[str, Any] = {"backend": backend, "versions": r["versions"]}
+            for key, _ in FIGURES:
+                a, b = r.get(key), first.get(key)
+                entry[key] = a["median"] / b["median"] if a and b else None
+            out.append(entry)
+    return out
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="sizes 10, 1,000 and 10,000 only")
+    parser.add_argument(
+        "--million", action="store_true", help="add 1,000,000 versions (a long build)"
+    )
+    parser.add_argument("--sizes", help="comma-separated history lengths (instead of the above)")
+    parser.add_argument("--backends", default=",".join(BACKENDS), help="local,memory")
+    parser.add_argument("--chunks-per-version", type=int, default=10)
+    parser.add_argument("--repeat", type=int, default=20, help="timed runs per figure")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--json", type=Path, help="write the results to this JSON file")
+    parser.add_argument(
+        "--workdir", type=Path, default=default_workdir(), help="where the local stores go"
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    started = time.perf_counter()
+    args = parse_args(argv)
+    if args.sizes:
+        sizes = [int(s) for s in args.sizes.split(",")]
+    else:
+        sizes = list(QUICK_SIZES if args.quick else SIZES) + ([MILLION] if args.million else [])
+    backends = [b for b in args.backends.split(",") if b]
+    for b in backends:
+        if b not in BACKENDS:
+            raise SystemExit(f"unknown backend {b!r}; use {','.join(BACKENDS)}")
+    info = machine_info(args.workdir)
+    print_machine(info)
+    report = new_report("bench_scale", info, args.quick, repeat=args.repeat)
+    report["chunks_per_version"] = args.chunks_per_version
+    print(
+        f"\nhistories of {sizes} versions of {args.chunks_per_version} chunks, "
+        f"{args.repeat} runs per figure (expire, vacuum, verify: one), backends {backends}"
+    )
+    rows: list[dict[str, Any]] = []
+    for size in sizes:
+        rows += run_size(
+            size, backends, args.chunks_per_version, args.repeat, args.workdir, args.seed
+        )
+    report["rows"] = rows
+    report["ratios"] = ratios(rows)
+    print("\neach figure's median against the same backend's at the smallest history:")
+    for entry in report["ratios"]:
+        cells = " ".join(
+            f"{k.removesuffix('_ms')} {entry[k]:.2f}x" for k, _ in FIGURES if entry[k] is not None
+        )
+        print(f"  {entry['backend']:>6} {entry['versions']:>9,}: {cells}")
+    finish_report(report, args.json, started)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""A store written by format 1.2 (tests/data/format-1.2-store, made by
+tests/data/make_format_1_2_store.py) stays readable and writable by this txstore."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import txstore
+
+STORE = Path(__file__).parent / "data" / "format-1.2-store"
+FIRST, SECOND = 12, 7
+TXN_ID = "fixture/second-append"
+
+
+def sample(i: int) -> dict[str, Any]:
+    """Sample ``i`` of the stored versions: every kind of plain value."""
+    return {
+        "id": i,
+        "name": f"sample-{i:03d}",
+        "payload": bytes(range(i % 7, i % 7 + 40)) * 3,
+        "score": i / 4,
+        "tags": [i, str(i), None],
+        "meta": {"even": i % 2 == 0, "half": i // 2},
+    }
+
+
+def double(sample: dict[str, Any]) -> dict[str, Any]:
+    return {"double": 2 * sample["id"]}
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> txstore.Store:
+    # A copy: the test appends, and the kept store must stay as format 1.2 wrote it.
+    shutil.copytree(STORE, tmp_path / "store")
+    return txstore.open(tmp_path / "store")
+
+
+def test_the_kept_store_is_format_1_2() -> None:
+    for path in sorted((STORE / "versions").glob("*.json")):
+        assert json.loads(path.read_bytes())["format_version"] == [1, 2], path
+    assert len(list((STORE / "chunks").iterdir())) > 2  # several chunks and field files
+
+
+def test_reads_every_version_of_a_format_1_2_store(store: txstore.Store) -> None:
+    assert store.version == 3
+    assert [c.message for c in store.log()][::2] == ["doubled", "first"]
+    assert [list(store.snapshot(1)), list(store.snapshot(2))] == [
+        [sample(i) for i in range(FIRST)],
+        [sample(i) for i in range(FIRST + SECOND)],
+    ]
+    latest = store.snapshot()
+    assert len(latest.chunks()) > 2
+    assert list(latest) == [sample(i) | double(sample(i)) for i in range(FIRST + SECOND)]
+    assert latest[FIRST + 3] == sample(FIRST + 3) | double(sample(FIRST + 3))
+    assert list(latest.select(["id", "double"])) == [
+        {"id": i, "double": 2 * i} for i in range(FIRST + SECOND)
+    ]
+
+
+def test_refs_and_txn_ids_of_a_format_1_2_store(store: txstore.Store) -> None:
+    assert store.tag_info("second").version == 2
+    assert list(store.snapshot("second")) == [sample(i) for i in range(FIRST + SECOND)]
+    again = store.append([sample(99)], txn_id=TXN_ID)  # committed already: nothing written
+    assert (again.version, again.attempts, store.version) == (2, 0, 3)
+
+
+def test_verify_and_append_to_a_format_1_2_store(store: txstore.Store) -> None:
+    report = store.verify(deep=True)
+    assert (report.problems, report.level, report.latest) == ([], "deep", 3)
+    commit = store.append([sample(100)], txn_id="after")
+    assert commit.version == 4
+    reopened = txstore.open(store.uri)
+    assert reopened.snapshot()[-1] == sample(100)
+    assert list(reopened.snapshot(3))[-1] == sample(FIRST + SECOND - 1) | double(
+        sample(FIRST + SECOND - 1)
+    )
+    assert reopened.verify().problems == []

@@ -791,6 +791,26 @@ REMOTE_TASKS = {
 }
 
 
+def fields_vs_lance_section(report: Report) -> str:
+    rows = [
+        [r["system"], f"{r['median_s']:.4f}", f"{report['samples'] / r['median_s']:,.0f}",
+         x(r["vs_lance"])]
+        for r in report["add_field_from_id"]
+    ]  # fmt: skip
+    target = report["target"]
+    return "\n".join([
+        "## Adding a field computed from `id`, against Lance's `add_columns`\n",
+        f"`bench_fields.py --vs-lance`: W1, {report['samples']:,} samples; a field `id * 2` "
+        f"computed in batches of {report['batch_size']:,} rows from `id` alone (txstore "
+        "`add_fields(inputs=['id'], batch_size=...)`, Lance `add_columns(read_columns=['id'])`), "
+        "each run on a fresh copy, every file each left fsynced. Medians of the repeats.\n",
+        table(["system", "median s", "samples/s", "÷ Lance"], rows) + "\n",
+        f"Target ≥ {target['ratio']}× Lance: {'met' if target['met'] else 'not met'} "
+        f"({target['got']:.2f}×).\n",
+        run_line([report]) + "\n",
+    ])  # fmt: skip
+
+
 ARROW_TARGETS = {
     "batches / dicts": (">=", 2.0),
     "batches / lance-2.0": (">=", 1.2),
@@ -1135,6 +1155,8 @@ def generate(reports: Sequence[Report], plots: Plots, inputs: Sequence[Path]) ->
         parts.append(workers_section(by_kind["read-workers"], plots))
     if "fields" in by_kind:
         parts.append(fields_section(by_kind["fields"]))
+    if "fields_vs_lance" in by_kind:
+        parts.append(fields_vs_lance_section(by_kind["fields_vs_lance"]))
     if "arrow" in by_kind:
         parts.append(arrow_section(by_kind["arrow"]))
     if "import" in by_kind:

@@ -134,14 +134,6 @@ def test_resume_refuses_another_version(tmp_path: Path) -> None:
         two_workers.load_state_dict(state)
 
 
-def test_persistent_workers_are_refused(tmp_path: Path) -> None:
-    store = _store(str(tmp_path / "s"))
-    with pytest.raises(ValueError, match="persistent_workers"):
-        StreamingDataLoader(
-            StreamingDataset(store.snapshot()), num_workers=2, persistent_workers=True
-        )
-
-
 def test_map_style_and_transform(tmp_path: Path) -> None:
     store = _store(str(tmp_path / "s"))
     ds = StreamingDataset(str(tmp_path / "s"), version=2, transform=lambda s: s["id"] * 2)

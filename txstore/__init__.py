@@ -47,7 +47,7 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 def __getattr__(name: str) -> object:
     # The torch faces load torch only when asked for: torch is an optional extra.
-    if name in ("StreamingDataset", "StreamingDataLoader"):
+    if name in ("StreamingDataset", "StreamingDataLoader", "MixedStreamingDataset"):
         try:
             from . import torch as _torch
         except ModuleNotFoundError as e:
@@ -77,6 +77,7 @@ __all__ = [
     "InputError",
     "Lease",
     "MissingDataError",
+    "MixedStreamingDataset",
     "NotFoundError",
     "Progress",
     "RefChangedError",

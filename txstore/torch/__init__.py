@@ -1,4 +1,5 @@
-"""PyTorch faces of a snapshot: a map- and iterable-style dataset and its loader."""
+"""PyTorch faces of a snapshot: a map- and iterable-style dataset, a weighted mix of them, and
+their loader."""
 
 from .dataset import (
     Piece,
@@ -8,8 +9,10 @@ from .dataset import (
     plan_worker,
     samples_per_rank,
 )
+from .mixing import MixedStreamingDataset
 
 __all__ = [
+    "MixedStreamingDataset",
     "Piece",
     "ResumeMismatchError",
     "StreamingDataLoader",

@@ -165,13 +165,13 @@ def _weights(value: object, count: int, sizes: list[int]) -> list[float]:
     weights = list(value)
     if len(weights) != count:
         raise ValueError(f"weights has {len(weights)} numbers for {count} datasets")
-    for i, w in enumerate(weights):
-        if isinstance(w, bool) or not isinstance(w, int | float):
-            raise TypeError(f"weights[{i}] must be a number, not {w!r}")
-        if not (math.isfinite(w) and w > 0):
-            raise ValueError(f"weights[{i}] must be a positive number, not {w!r}")
-    total = math.fsum(weights)
-    return [w / total for w in weights]
+    for i, weight in enumerate(weights):
+        if isinstance(weight, bool) or not isinstance(weight, int | float):
+            raise TypeError(f"weights[{i}] must be a number, not {weight!r}")
+        if not (math.isfinite(weight) and weight > 0):
+            raise ValueError(f"weights[{i}] must be a positive number, not {weight!r}")
+    weight_sum = math.fsum(weights)
+    return [weight / weight_sum for weight in weights]
 
 
 class MixedStreamingDataset(LoaderDataset):

@@ -120,6 +120,12 @@ def test_cycling_starts_a_source_over_when_it_runs_out(tmp_path: Path) -> None:
         else:
             laps = [from_a[k * 200 : (k + 1) * 200] for k in range(3)]
             assert len({tuple(lap) for lap in laps}) == 3
+            # Each start over reads A's chunks in another order, not only shuffled windows.
+            chunk_orders = {
+                tuple(p.chunk for p in ds._source_pieces(0, lap * 200, (lap + 1) * 200))
+                for lap in range(3)
+            }
+            assert len(chunk_orders) == 3
         stopped = MixedStreamingDataset(sources, weights=[1, 1], seed=2)
         stop_ids = [int(s["id"]) for s in stopped]
         assert len(stop_ids) == 400 == len(set(stop_ids))

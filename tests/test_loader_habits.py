@@ -155,3 +155,17 @@ def test_persistent_workers_keep_sending_large_bytes_through_shared_memory(
 
 def _lists(samples: list[dict[str, Any]]) -> dict[str, list[Any]]:
     return {key: [s[key] for s in samples] for key in samples[0]}
+
+
+def test_a_state_taken_after_an_epoch_resumes_at_the_next(tmp_path: Path) -> None:
+    snap = _store(str(tmp_path / "s")).snapshot()
+    loader = StreamingDataLoader(
+        StreamingDataset(snap, shuffle=True, seed=9), batch_size=10, num_workers=2
+    )
+    _ids(loader)  # epoch 0, to its end: a checkpoint at the end of an epoch
+    state = json.loads(json.dumps(loader.state_dict()))
+    resumed = StreamingDataLoader(
+        StreamingDataset(snap, shuffle=True, seed=9), batch_size=10, num_workers=2
+    )
+    resumed.load_state_dict(state)
+    assert _ids(resumed) == _epoch_order(snap, 1) == _ids(loader)

@@ -54,6 +54,7 @@ from ..format.units import parse_duration, parse_size
 from ..store.cache import ChunkCache
 from ..store.core import open as open_store
 from ..store.snapshot import Fetched, Sample, Snapshot
+from . import elastic
 from .transport import BytesPool, Receiver, pack, unpack
 
 STATE_FORMAT = 1
@@ -331,6 +332,9 @@ class LoaderDataset(IterableDataset[Any]):
     world_size: int
     #: Samples each worker skips at the start of the next iteration (set on resume).
     skip: dict[int, int]
+    #: What of the epoch the next iteration reads (``elastic``), when it resumes one that
+    #: another topology began; None: the whole epoch.
+    todo: list[list[Any]] | None = None
     #: Whether set_epoch was called since the loader last started an iteration.
     _epoch_chosen: bool = False
     #: The shared buffer of the persistent-worker loader iterating this dataset, if any.
@@ -357,6 +361,7 @@ class LoaderDataset(IterableDataset[Any]):
             "rank": self.rank,
             "world_size": self.world_size,
             "skip": {str(k): v for k, v in self.skip.items()},
+            "todo": self.todo,
         }
 
     def _follow_control(self) -> None:
@@ -367,6 +372,7 @@ class LoaderDataset(IterableDataset[Any]):
         self.seed, self.epoch = values["seed"], values["epoch"]
         self.rank, self.world_size = values["rank"], values["world_size"]
         self.skip = {int(k): v for k, v in values["skip"].items()}
+        self.todo = values["todo"]
 
     def _describe(self) -> dict[str, Any]:
         """What identifies the data and its epoch layout in a loader's state."""
@@ -375,6 +381,14 @@ class LoaderDataset(IterableDataset[Any]):
     def _check_resume(self, state: dict[str, Any], allow_other_version: bool) -> None:
         """Raise ResumeMismatchError unless ``state`` was taken over the same data and layout."""
         raise NotImplementedError
+
+    def _unseen(self, state: dict[str, Any]) -> list[list[Any]]:
+        """What of the state's epoch no worker had delivered, for another topology to read."""
+        raise ResumeMismatchError(
+            f"cannot resume: the state has world_size={state['world_size']} and "
+            f"num_workers={state['num_workers']}, this loader {self.world_size} and another "
+            f"number of workers; {type(self).__name__} resumes only on the same topology"
+        )
 
 
 class StreamingDataset(LoaderDataset):
@@ -477,8 +491,13 @@ class StreamingDataset(LoaderDataset):
         return {**self.__dict__, "lease": None}
 
     def __len__(self) -> int:
-        """Samples this rank yields per epoch."""
-        return samples_per_rank(len(self.snapshot), self.world_size, self.drop_last)
+        """Samples this rank yields per epoch (or in the rest of a resumed one)."""
+        return samples_per_rank(self._todo_size(self.todo), self.world_size, self.drop_last)
+
+    def _todo_size(self, todo: list[list[Any]] | None) -> int:
+        if todo is None:
+            return len(self.snapshot)
+        return sum(elastic.segment_size(s) for s in todo)
 
     def __getitem__(self, index: int) -> Any:
         sample = self._own_snapshot()[index]
@@ -513,8 +532,69 @@ class StreamingDataset(LoaderDataset):
         self._follow_control()
         info = get_worker_info()
         worker, num_workers = (0, 1) if info is None else (info.id, info.num_workers)
-        key = f"{self.seed}/{self.epoch}/{self.rank}/{worker}"
-        yield from self._read(self.pieces(worker, num_workers), key, self.skip.get(worker, 0))
+        items, _ = self._items(self.todo, self.rank, worker, num_workers, self.world_size)
+        skip = self.skip.get(worker, 0)
+        for item in items:
+            size = item[2] - item[1] if item[0] == "run" else item[6] - item[5]
+            if skip >= size:
+                skip -= size
+                continue
+            if item[0] == "run":
+                yield from self._read(self._run(item[1], item[2]), item[3], skip)
+            else:
+                _, a, b, key, number, lo, hi = item
+                window = self._iterate([self._run(a, b)], key, number, lo + skip)
+                yield from itertools.islice(window, hi - lo - skip)
+            skip = 0
+
+    def _items(
+        self, todo: list[list[Any]] | None, rank: int, worker: int, workers: int, world: int
+    ) -> tuple[list[list[Any]], int]:
+        """What one worker reads (``elastic.worker_items``): of the whole epoch, its share of
+        the positions in one run, as ``plan_worker`` lays it out."""
+        total = self._todo_size(todo)
+        per_rank = samples_per_rank(total, world, self.drop_last)
+        indices = elastic.worker_range(total, per_rank, rank, worker, workers)
+        key = f"{self.seed}/{self.epoch}/{rank}/{worker}"
+        if total == 0:
+            return [], 0
+        if todo is None:
+            real = max(0, min(indices.stop, total) - indices.start)
+            return [["run", indices.start, indices.stop, key]], real
+        return elastic.worker_items(todo, indices, key)
+
+    def _run(self, start: int, stop: int) -> list[Piece]:
+        """Positions [start, stop) of the epoch's chunk order, as pieces."""
+        order = _chunk_order(self._sizes, self.shuffle, self.seed, self.epoch)
+        return _pieces(self._sizes, order, start, stop)
+
+    def _windows(self, start: int, stop: int) -> list[tuple[int, int]]:
+        """The position ranges of the windows that reading [start, stop) shuffles within."""
+        pieces, step, out = self._run(start, stop), self.shuffle_window, []
+        for i in range(0, len(pieces), step):
+            size = sum(p.stop - p.start for p in pieces[i : i + step])
+            out.append((start, start + size))
+            start += size
+        return out
+
+    def _unseen(self, state: dict[str, Any]) -> list[list[Any]]:
+        todo = state.get("todo")
+        workers, world = state["num_workers"], state["world_size"]
+        total = self._todo_size(todo)
+        saved = self.seed, self.epoch  # the state's order, to find what it delivered
+        self.seed, self.epoch = state["seed"], state["epoch"]
+        try:
+            return elastic.unseen(
+                [[0, total]] if todo is None else todo,
+                per_rank=samples_per_rank(total, world, self.drop_last),
+                world_size=world,
+                workers=workers,
+                delivered={int(k): int(v) for k, v in state["delivered"].items()},
+                items=lambda rank, worker: self._items(todo, rank, worker, workers, world),
+                windows=self._windows,
+            )
+        finally:
+            self.seed, self.epoch = saved
 
     def _read(self, pieces: list[Piece], key: str, skip: int) -> Iterator[Any]:
         """The samples of ``pieces`` but the first ``skip``, shuffled (if at all) within
@@ -730,8 +810,11 @@ class StreamingDataLoader(DataLoader[Any]):
         super().__init__(dataset, *args, **kwargs)
         self.streaming_dataset = dataset
         self._delivered: dict[int, int] = {}
-        self._pending: dict[int, int] | None = None
+        # A loaded state, for the next iteration: what of its epoch to read, and the samples
+        # each worker skips of it.
+        self._pending: tuple[list[list[Any]] | None, dict[int, int]] | None = None
         self._started = False  # whether an iteration has begun (the next starts a new epoch)
+        self._finished = False  # whether the last iteration ran to the end of its epoch
         persistent = self.persistent_workers and self.num_workers > 0
         # Persistent workers keep the dataset copy they started with: the epoch, rank and
         # samples to skip reach them through this buffer, written before each iteration.
@@ -753,8 +836,8 @@ class StreamingDataLoader(DataLoader[Any]):
         if self._started and self._pending is None and not dataset._epoch_chosen:
             dataset.epoch += 1
         dataset._epoch_chosen = False
-        self._started = True
-        self._delivered = dict(self._pending or {})
+        self._started, self._finished = True, False
+        dataset.todo, self._delivered = self._pending or (None, {})
         dataset.skip = dict(self._delivered)
         self._pending = None
         dataset._control = self._control
@@ -768,37 +851,49 @@ class StreamingDataLoader(DataLoader[Any]):
                 yield unpack(batch, pin, receiver) if shipped else batch
         finally:
             dataset.skip = {}
-        self._delivered = {}  # a finished epoch resumes at the start of the next
+        # A finished epoch resumes at the start of the next.
+        self._delivered, dataset.todo, self._finished = {}, None, True
 
     def state_dict(self) -> dict[str, Any]:
         """Where this loader stands: the snapshot, the epoch's layout, samples per worker."""
         ds = self.streaming_dataset
+        epoch = ds.epoch + 1 if self._finished and not ds._epoch_chosen else ds.epoch
         return {
             "format": STATE_FORMAT,
             **ds._describe(),
             "seed": ds.seed,
-            "epoch": ds.epoch,
+            "epoch": epoch,
             "world_size": ds.world_size,
             "rank": ds.rank,
             "num_workers": max(1, self.num_workers),
             "delivered": {str(k): v for k, v in sorted(self._delivered.items())},
+            # What of the epoch this loader reads, when it resumed one begun on another
+            # topology (None: all of it).
+            "todo": ds.todo,
         }
 
     def load_state_dict(self, state: dict[str, Any], *, allow_other_version: bool = False) -> None:
         """Resume from ``state`` at the next iteration.
 
         Refuses a state from another snapshot unless ``allow_other_version`` (the samples then
-        differ from what was trained on), and one whose epoch layout differs (workers, ranks,
-        shuffle settings), since the skipped samples would not be the ones delivered.
+        differ from what was trained on), and one whose epoch layout differs (shuffle
+        settings, drop_last), since the skipped samples would not be the ones delivered. A
+        StreamingDataset's state resumes on another number of workers or ranks too: the rest
+        of the epoch is then what no worker of any rank had delivered (ranks deliver in
+        lockstep, so any rank's state tells), split over the new ones.
         """
         ds = self.streaming_dataset
         if state.get("format") != STATE_FORMAT:
             raise ResumeMismatchError(f"unknown loader state format {state.get('format')!r}")
         ds._check_resume(state, allow_other_version)
-        _check_layout(state, {"world_size": ds.world_size, "num_workers": max(1, self.num_workers)})
+        delivered = {int(k): int(v) for k, v in state["delivered"].items()}
+        if (state["world_size"], state["num_workers"]) == (ds.world_size, max(1, self.num_workers)):
+            pending = state.get("todo"), delivered
+        else:
+            pending = ds._unseen(state), {}
         ds.seed = state["seed"]
         ds.set_epoch(state["epoch"])
-        self._pending = {int(k): int(v) for k, v in state["delivered"].items()}
+        self._pending = pending
 
 
 __all__ = [

@@ -891,6 +891,7 @@ class StreamingDataLoader(DataLoader[Any]):
             pending = state.get("todo"), delivered
         else:
             pending = ds._unseen(state), {}
+            ds.todo = pending[0]  # len() tells the resumed epoch's length before it starts
         ds.seed = state["seed"]
         ds.set_epoch(state["epoch"])
         self._pending = pending

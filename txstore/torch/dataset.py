@@ -13,6 +13,8 @@ of workers, so every machine and every run agrees):
 
 Resuming: ``StreamingDataLoader`` counts the samples each worker has delivered; a loaded
 ``state_dict`` makes each worker skip exactly those, so nothing repeats and nothing is lost.
+A state taken on another number of workers or ranks resumes with what no worker had delivered
+(``elastic``), split over the new ones.
 
 The loader drives any ``LoaderDataset`` (this module's StreamingDataset, and the weighted mix of
 several in ``mixing``): it starts the next epoch on each new iteration unless ``set_epoch`` was

@@ -99,7 +99,7 @@ def main() -> None:
             print(f"  write {name:16} {call:7.2f} s + fsync {sync:5.2f} s")
             if turn < repeat - 1:
                 shutil.rmtree(out)
-    report = new_report("bench_arrow", info, args.quick, workload=workload.name)
+    report = new_report("bench_arrow", info, args.quick, workload=workload.name, repeat=repeat)
     write = {k: statistics.median(v) for k, v in totals.items()}
     report["write_s"] = write
     report["write_repeats"] = totals

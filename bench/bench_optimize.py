@@ -145,7 +145,7 @@ def mds_partition(out: str, columns: dict[str, str], inputs: Sequence[int]) -> N
 
 def merge_mds_partitions(out: Path) -> None:
     import_mds_writer()  # stubs streaming.vision when torchvision is absent
-    from streaming.base.util import merge_index  # type: ignore[import-not-found]
+    from streaming.base.util import merge_index
 
     merge_index(str(out), keep_local=True)
 

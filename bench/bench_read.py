@@ -324,7 +324,7 @@ def open_txstore(task: Task) -> Any:
 
 
 def open_litdata(task: Task) -> Any:
-    from litdata import StreamingDataset  # type: ignore[import-not-found]
+    from litdata import StreamingDataset
 
     if task.variant == "lit-bd0":
         return StreamingDataset(task.path, batch_decode=0)
@@ -333,8 +333,8 @@ def open_litdata(task: Task) -> Any:
 
 def open_mds(task: Task) -> Any:
     import_mds_writer()  # stubs streaming.vision when torchvision is absent
-    from streaming import StreamingDataset  # type: ignore[import-not-found]
-    from streaming.base.util import clean_stale_shared_memory  # type: ignore[import-not-found]
+    from streaming import StreamingDataset
+    from streaming.base.util import clean_stale_shared_memory
 
     clean_stale_shared_memory()
     return StreamingDataset(local=task.path, batch_size=BATCH_SIZE, shuffle=False)

@@ -289,8 +289,8 @@ def open_dataset(
             **extra,
         )
     import_mds_writer()  # stubs streaming.vision
-    from streaming import StreamingDataset as MdsDataset  # type: ignore[import-not-found]
-    from streaming.base.util import clean_stale_shared_memory  # type: ignore[import-not-found]
+    from streaming import StreamingDataset as MdsDataset
+    from streaming.base.util import clean_stale_shared_memory
 
     clean_stale_shared_memory()
     kwargs = {} if cache_limit is None else {"cache_limit": cache_limit}

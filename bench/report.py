@@ -3,7 +3,8 @@
     python bench/report.py bench/results/*.json [--out docs/benchmarks.md] [--img docs/img]
 
 Each input is the ``--json`` output of one script (bench_append.py, its --commit-latency part,
-bench_optimize.py, bench_read.py, bench_fields.py, bench_remote.py); the script that wrote it
+bench_optimize.py, bench_read.py, bench_fields.py, bench_remote.py, bench_tokens.py); the
+script that wrote it
 is in its ``script`` field. A section appears for every kind of report given; the plots need
 matplotlib (in the bench venv, never a txstore dependency).
 """
@@ -710,6 +711,67 @@ REMOTE_TASKS = {
 }
 
 
+ARROW_TARGETS = {
+    "batches / dicts": (">=", 2.0),
+    "batches / lance-2.0": (">=", 1.2),
+    "scan txstore / lance-2.0 (speed)": (">=", 1.5),
+    "take(64) / 64 x snap[i] (time)": ("<=", 0.5),
+}
+
+
+def arrow_section(report: Report) -> str:
+    n = report.get("workload", "W1")
+    writes = [[name, f"{seconds:.2f}"] for name, seconds in report["write_s"].items()]
+    scans = [[name, f"{seconds:.3f}"] for name, seconds in report["scan_s"].items()]
+    takes = [[name, f"{seconds * 1e3:.2f}"] for name, seconds in report["take_s"].items()]
+    ratios = []
+    for name, value in report["ratios"].items():
+        sign, target = ARROW_TARGETS.get(name, ("", None))
+        met = (
+            ""
+            if target is None
+            else ("met" if (value >= target if sign == ">=" else value <= target) else "not met")
+        )
+        ratios.append([name, f"{value:.2f}", "" if target is None else f"{sign} {target}", met])
+    return "\n".join([
+        "## Arrow in and out (txstore and Lance)\n",
+        f"`bench_arrow.py`, {n}: txstore's `append` of record batches against its `append` of "
+        "dicts and Lance's `write_dataset` of the same table (Arrow conversion before the "
+        "timer for both; every total includes an fsync of the files each left); a warm scan "
+        "into record batches; `take` of 64 random rows against 64 `snap[i]` and Lance's "
+        "`take`. Medians of the repeats.\n",
+        table(["write (durable)", "s"], writes) + "\n",
+        table(["scan, warm", "s"], scans) + "\n",
+        table(["64 random rows", "ms"], takes) + "\n",
+        table(["ratio", "value", "target", ""], ratios) + "\n",
+        run_line([report]) + "\n",
+    ])  # fmt: skip
+
+
+def import_section(report: Report) -> str:
+    rows = [
+        [
+            r["contender"],
+            f"{r['samples']:,}",
+            f"{r['bytes'] / 1e6:,.0f}",
+            f"{r['MB_per_s']:,.0f}",
+            x(r["vs_plain_copy"]),
+        ]
+        for r in report["results"]
+    ]
+    return "\n".join([
+        "## Importing LitData, MDS and Parquet datasets\n",
+        "`bench_import.py`: samples `{id: int, blob: 100 KiB of random bytes}` written by "
+        "`litdata.optimize`, `streaming.MDSWriter` and `pyarrow.parquet` (4 files, 250-row "
+        "groups, uncompressed), imported into a new uncompressed store. Each is measured "
+        "against a plain durable copy of its source's files (read, write, fsync) in the same "
+        "run, best of the repeats; Lance's `write_dataset` from the same Parquet files beside "
+        "them.\n",
+        table(["contender", "samples", "source MB", "MB/s", "÷ plain copy"], rows) + "\n",
+        run_line([report]) + "\n",
+    ])  # fmt: skip
+
+
 def _remote(report: Report) -> dict[tuple[str, float, str, str, str], Row]:
     return {
         (r["kind"], r["latency_ms"], r["workload"], r["task"], r["system"]): r["median"]
@@ -883,6 +945,74 @@ def remote_section(report: Report, plots: Plots) -> str:
     return "\n".join(parts)
 
 
+def tokens_section(report: Report) -> str:
+    st = report["settings"]
+    quick = " (`--quick`: 10× fewer tokens)" if report.get("quick") else ""
+    rows = []
+    for r in report["results"]:
+        if r.get("error"):
+            rows.append([r["contender"], str(r["shuffle"]), "ERROR", "", "", "", "", ""])
+            continue
+        runs = " / ".join(f"{x['epoch_s']:.2f}" for x in r["runs"] if "epoch_s" in x)
+        rows.append(
+            [
+                r["contender"],
+                "yes" if r["shuffle"] else "no",
+                f"{r['open_s']:.2f}",
+                f"{r['epoch_s']:.2f}",
+                f"{r['first_batch_s']:.3f}",
+                f"{r['tokens_per_s'] / 1e6:,.1f}",
+                f"{r['tokens_per_s_with_open'] / 1e6:,.1f}",
+                runs,
+            ]
+        )
+    ratios = [
+        [
+            r["txstore"],
+            "yes" if r["shuffle"] else "no",
+            x(r["ratio"]),
+            x(r["ratio_with_open"]),
+            f"≥ {r['target']:g}",
+            "met" if r["met"] else "**not met**",
+        ]
+        for r in report.get("ratios", [])
+    ]
+    parts = [
+        "## Token windows for language-model pretraining\n",
+        f"`bench_tokens.py`{quick}: {st['num_tokens']:,} random int32 tokens in documents of "
+        f"{st['doc_tokens'][0]:,} to {st['doc_tokens'][1]:,} tokens, windows of "
+        f"{st['block_size']:,} tokens, {st['batch_size']} a batch, {st['workers']} DataLoader "
+        "workers, warm page cache, each reading a fresh process. txstore "
+        "`TokenStreamingDataLoader(TokenStreamingDataset(path, block_size=...))` against "
+        "LitData `StreamingDataLoader(StreamingDataset(path, item_loader=TokensLoader(...)))` "
+        "over the same tokens (`optimize(..., item_loader=TokensLoader())`, uncompressed). "
+        "`open`: making the dataset (txstore counts every document's tokens there, unless "
+        "`lengths_field` names a field that holds them; LitData defers its setup to the first "
+        "iteration); tokens/s over the epoch, and over open + epoch.\n",
+        table(
+            [
+                "system",
+                "shuffle",
+                "open s",
+                "epoch s",
+                "first batch s",
+                "M tokens/s",
+                "with open",
+                "runs (epoch s)",
+            ],
+            rows,
+        )
+        + "\n",
+    ]
+    if ratios:
+        parts.append(
+            "txstore ÷ LitData, tokens/s:\n\n"
+            + table(["txstore", "shuffle", "epoch", "with open", "target", ""], ratios)
+            + "\n"
+        )
+    return "\n".join(parts)
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -923,8 +1053,14 @@ def generate(reports: Sequence[Report], plots: Plots, inputs: Sequence[Path]) ->
         parts.append(workers_section(by_kind["read-workers"], plots))
     if "fields" in by_kind:
         parts.append(fields_section(by_kind["fields"]))
+    if "arrow" in by_kind:
+        parts.append(arrow_section(by_kind["arrow"]))
+    if "import" in by_kind:
+        parts.append(import_section(by_kind["import"]))
     if "remote" in by_kind:
         parts.append(remote_section(by_kind["remote"], plots))
+    if "tokens" in by_kind:
+        parts.append(tokens_section(by_kind["tokens"]))
     text = "\n".join(p.rstrip() + "\n" for p in parts if p)
     return text.replace("\n\n\n", "\n\n")
 

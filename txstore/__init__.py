@@ -12,8 +12,10 @@ from .errors import (
     FieldExistsError,
     FieldMissingError,
     FieldNotFoundError,
+    FieldTypeError,
     HistoryChangedError,
     InputError,
+    InvalidArgumentError,
     MissingDataError,
     NotFoundError,
     RefChangedError,
@@ -31,7 +33,9 @@ from .errors import (
     VersionExpiredError,
     VersionNotFoundError,
 )
+from .interop.imports import import_litdata, import_mds, import_parquet
 from .store.core import Commit, Store, create, open
+from .store.exports import Export, export_litdata, export_mds, export_parquet
 from .store.ingest import optimize
 from .store.lease import Lease
 from .store.progress import Progress
@@ -45,9 +49,19 @@ __version__ = "0.1.0"
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 
+#: The names the torch faces give, loaded on first use.
+_TORCH_NAMES = (
+    "StreamingDataset",
+    "StreamingDataLoader",
+    "MixedStreamingDataset",
+    "TokenStreamingDataset",
+    "TokenStreamingDataLoader",
+)
+
+
 def __getattr__(name: str) -> object:
     # The torch faces load torch only when asked for: torch is an optional extra.
-    if name in ("StreamingDataset", "StreamingDataLoader", "MixedStreamingDataset"):
+    if name in _TORCH_NAMES:
         try:
             from . import torch as _torch
         except ModuleNotFoundError as e:
@@ -70,11 +84,14 @@ __all__ = [
     "ConflictError",
     "CorruptError",
     "EncodeError",
+    "Export",
     "FieldExistsError",
     "FieldMissingError",
     "FieldNotFoundError",
+    "FieldTypeError",
     "HistoryChangedError",
     "InputError",
+    "InvalidArgumentError",
     "Lease",
     "MissingDataError",
     "MixedStreamingDataset",
@@ -94,6 +111,8 @@ __all__ = [
     "StreamingDataset",
     "TagExistsError",
     "TagNotFoundError",
+    "TokenStreamingDataLoader",
+    "TokenStreamingDataset",
     "Transaction",
     "TransactionClosedError",
     "TransactionHandle",
@@ -103,6 +122,12 @@ __all__ = [
     "VersionExpiredError",
     "VersionNotFoundError",
     "create",
+    "export_litdata",
+    "export_mds",
+    "export_parquet",
+    "import_litdata",
+    "import_mds",
+    "import_parquet",
     "open",
     "optimize",
 ]

@@ -15,6 +15,9 @@
 - ``CorruptError``: stored bytes are damaged, foreign or unsafe; repair or restore.
 - ``UnsupportedFormatError``: written by a newer txstore; upgrade to read it.
 - ``EncodeError``: a sample holds a value the format cannot store; fix the input.
+- ``FieldTypeError``: a field's values are not what a reader needs (token windows: 1-d
+  integer arrays); fix the data or read another field.
+- ``InvalidArgumentError``: an argument a face cannot take; fix the call.
 - ``StorageError``: the backend failed (network, permissions, disk); retry later.
 - ``UnsafeStorageError``: the backend does not keep conditional writes, so commits there
   would be lost; use another server (retrying cannot help).
@@ -200,3 +203,29 @@ class InputError(TxstoreError):
 
 class ResumeMismatchError(TxstoreError):
     """A saved loader state belongs to another snapshot or another layout of the epoch."""
+
+
+class InvalidArgumentError(TxstoreError, TypeError, ValueError):
+    """An argument is not one the operation takes (a wrong type or a wrong value); the
+    message names the argument and what it must be. Both a ``TypeError`` and a
+    ``ValueError``, so that either ``except`` clause catches it."""
+
+
+class FieldTypeError(TxstoreError, TypeError):
+    """A field's values are not of the kind a reader needs (token windows: 1-d integer
+    arrays of one dtype).
+
+    ``field``: the field; ``sample``: the first sample whose value is not.
+    """
+
+    def __init__(self, message: str, *, field: str, sample: int) -> None:
+        super().__init__(message)
+        self.field = field
+        self.sample = sample
+
+    def __reduce__(self) -> tuple[object, ...]:  # crosses back from DataLoader workers
+        return (_field_type, (self.args[0], self.field, self.sample))
+
+
+def _field_type(message: str, field: str, sample: int) -> Exception:
+    return FieldTypeError(message, field=field, sample=sample)

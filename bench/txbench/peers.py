@@ -33,8 +33,8 @@ def import_txstore() -> None:
 
 
 def import_litdata() -> None:
-    from litdata import optimize  # type: ignore[import-not-found]  # noqa: F401
-    from litdata.streaming.writer import (  # type: ignore[import-not-found]  # noqa: F401
+    from litdata import optimize  # noqa: F401
+    from litdata.streaming.writer import (  # noqa: F401
         BinaryWriter,
     )
 
@@ -43,7 +43,7 @@ def import_mds_writer() -> Any:
     """streaming imports streaming.vision, which needs torchvision: stub it when absent."""
     if importlib.util.find_spec("torchvision") is None:
         sys.modules.setdefault("streaming.vision", types.ModuleType("streaming.vision"))
-    from streaming import MDSWriter  # type: ignore[import-not-found]
+    from streaming import MDSWriter
 
     return MDSWriter
 

@@ -21,6 +21,7 @@ from ..storage import open_storage
 from ..store import open as open_store
 from ..store.core import Store
 from ..store.refs import check_tag_name
+from .interop import add_commands as _add_interop_commands
 from .output import (
     EPILOG,
     EXAMPLES,
@@ -217,6 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--quick", action="store_true", help="metadata and footers only: chunk bytes are not read"
     )
     level.add_argument("--deep", action="store_true", help="also decode every sample")
+    _add_interop_commands(sub)
     return parser
 
 
@@ -238,6 +240,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        plain = getattr(args, "plain", None)
+        if plain is not None:  # import and export: no one store to open first
+            return int(plain(args))
         try:  # the URI and options are the user's: anything wrong with them is bad usage
             storage = open_storage(args.uri, _options(args.storage_option, args.uri))
         except ValueError as e:

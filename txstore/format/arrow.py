@@ -552,7 +552,88 @@ def cast(table: Any, schema: Any) -> Any:
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
-__all__ = ["batches", "column_array", "encode_array", "py_array", "rebatch"]
+# -- Parquet (the importer and exporter read and write it here, through pyarrow) ----------
+
+
+def parquet_row_groups(file: Any, where: str) -> int:
+    """How many row groups a Parquet file (a local path or a seekable binary file object)
+    has."""
+    return len(_parquet_fragment(file, where).split_by_row_group())
+
+
+def parquet_row_group(file: Any, number: int, columns: list[str] | None, where: str) -> pa.Table:
+    """Row group ``number`` of a Parquet file as a table (``columns``: only those),
+    read through ``pyarrow.dataset``: only that group's pages (of those columns) are read."""
+    fragment = _parquet_fragment(file, where).split_by_row_group()[number]
+    try:
+        return fragment.to_table(columns=columns)
+    except (pa.ArrowInvalid, OSError) as e:
+        raise CorruptError(f"{where}, row group {number}: {e}") from e
+    except KeyError as e:
+        raise EncodeError(f"{where}: no column {e} (columns=...)") from e
+
+
+def _parquet_fragment(file: Any, where: str) -> Any:
+    """``file``: a local path (read by Arrow's own file system, several times faster than
+    through a Python file object) or a seekable binary file object."""
+    import pyarrow.dataset as ds
+    from pyarrow import fs as arrow_fs
+
+    try:
+        if isinstance(file, str):
+            local = arrow_fs.LocalFileSystem()
+            fragment = ds.ParquetFileFormat().make_fragment(file, filesystem=local)
+        else:
+            fragment = ds.ParquetFileFormat().make_fragment(pa.PythonFile(file, mode="r"))
+        fragment.ensure_complete_metadata()
+    except (pa.ArrowInvalid, OSError) as e:
+        raise CorruptError(f"{where}: not a Parquet file: {e}") from e
+    return fragment
+
+
+def ipc_rows(data: bytes | memoryview, where: str) -> list[dict[str, Any]]:
+    """The rows of an Arrow IPC file (or stream) as dicts, as ``to_pylist`` gives them."""
+    source = pa.py_buffer(data)
+    try:
+        if bytes(data[:6]) == b"ARROW1":
+            reader = pa.ipc.open_file(source)
+            table = reader.read_all()
+        else:
+            table = pa.ipc.open_stream(source).read_all()
+    except (pa.ArrowInvalid, OSError) as e:
+        raise CorruptError(f"{where}: a bad Arrow IPC block: {e}") from e
+    rows: list[dict[str, Any]] = table.to_pylist()
+    return rows
+
+
+def parquet_bytes(table: Any) -> bytes:
+    """A table as one Parquet file's bytes."""
+    import pyarrow.parquet as pq
+
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    out: bytes = sink.getvalue().to_pybytes()
+    return out
+
+
+def unify(schemas: list[Any]) -> Any:
+    """The schema that holds tables of each of ``schemas`` (a column of nulls only takes
+    its type from the others)."""
+    return pa.unify_schemas(schemas, promote_options="permissive")
+
+
+__all__ = [
+    "batches",
+    "column_array",
+    "encode_array",
+    "ipc_rows",
+    "parquet_bytes",
+    "parquet_row_group",
+    "parquet_row_groups",
+    "py_array",
+    "rebatch",
+    "unify",
+]
 
 
 def chunk_table(

@@ -169,3 +169,14 @@ def decompress_frame(stored: bytes | memoryview, codec: int, raw_length: int, wh
             raise CorruptError(f"{where}: decompressed {len(raw)} bytes, expected {raw_length}")
         return raw
     raise UnsupportedFormatError(f"{where}: unknown codec {codec}")
+
+
+def zstd_decompress(data: bytes | memoryview) -> bytes:
+    """Whole zstd frames, one after another, as other tools write them (their headers may
+    not record the size): the peer formats' compressed files (``format/peer_*.py``)."""
+    out = zstandard.ZstdDecompressor().decompressobj(read_across_frames=True)
+    try:
+        raw = out.decompress(data)
+    except zstandard.ZstdError as e:
+        raise CorruptError(f"not zstd data: {e}") from e
+    return raw

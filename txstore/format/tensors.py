@@ -29,3 +29,11 @@ def tensor_from_bytes(
     if not data:  # frombuffer refuses an empty buffer
         return torch.empty(shape, dtype=dtype)
     return torch.frombuffer(bytearray(data), dtype=dtype).reshape(shape)
+
+
+def tensor_named(
+    data: bytes | bytearray | memoryview, dtype: str, shape: tuple[int, ...]
+) -> torch.Tensor:
+    """As ``tensor_from_bytes``, the dtype given by its name ("float32", "bfloat16"): for
+    readers of other tools' files, which name dtypes without importing torch."""
+    return tensor_from_bytes(data, getattr(torch, dtype), shape)

@@ -288,6 +288,7 @@ def optimize(
     message: str | None = None,
     txn_id: str | None = None,
     progress: ProgressArg = True,
+    _stage: tuple[str, str] = ("optimize", "inputs"),
 ) -> Commit:
     """Apply ``fn`` to every input and commit all the samples as one version of the store at
     ``output_dir`` (LitData's ``optimize``, transactional).
@@ -302,6 +303,7 @@ def optimize(
     a failed call leaves no store behind, and its rerun starts afresh.
     ``progress``: by default a bar on stderr counting inputs (plain lines when stderr is not
     a terminal); False for none, a callback ``(stage, done, total)``, or a ``txstore.Progress``.
+    ``_stage``: the name and unit progress shows (the importers count files, not inputs).
     """
     if mode not in MODES:
         raise ValueError(f"mode must be None, 'append' or 'overwrite', not {mode!r}")
@@ -333,7 +335,7 @@ def optimize(
     )
     parts: list[StagedPart] = []
     own: list[StagedPart] = []  # written in this process (not read back to be checked)
-    report = Progress.of(progress).stage("optimize", len(items), "inputs")
+    report = Progress.of(progress).stage(_stage[0], len(items), _stage[1])
     failed = True
     try:
         if num_workers <= 1:

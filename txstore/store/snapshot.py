@@ -18,6 +18,7 @@ from ..errors import (
     CorruptError,
     FieldMissingError,
     FieldNotFoundError,
+    InputError,
     MissingDataError,
     NotFoundError,
 )
@@ -41,6 +42,7 @@ from ..format.values import ABSENT, ValueDecoder
 from ..storage import Storage, open_storage
 from ..txn.log import VersionLog
 from ..txn.rules import sample_origins
+from . import exports
 from .lease import Lease, lease_version
 from .segments import Segments
 from .views import ChunkInfo, Config, FieldSchema, Schema
@@ -768,20 +770,48 @@ class Snapshot(Sequence[Sample]):
 
     # -- columnar reads (the ``arrow`` extra: pyarrow) -------------------------------------
 
-    def _tables(self, fields: Iterable[str] | None) -> Iterator[Any]:
-        """A ``pyarrow.Table`` per chunk, reading the next chunk while converting one."""
+    def chunk_tables(
+        self, fields: Iterable[str] | None = None, *, chunks: Iterable[int] | None = None
+    ) -> Iterator[Any]:
+        """A ``pyarrow.Table`` per chunk, in order (``fields``: only those; ``chunks``: only
+        the chunks of those numbers, in that order), reading the next chunk while converting
+        one."""
         view = self if fields is None else self._nullable(fields)
-        chunks = view.chunk_refs()
+        refs = view._chosen_chunks(chunks)
         reader, version, wanted = view._reader, view.version, view._fields
-        if not chunks:
+        if not refs:
             return
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="txstore-read") as pool:
-            ahead: Future[Fetched] = pool.submit(reader.fetch, chunks[0], version, wanted)
-            for i, chunk in enumerate(chunks):
+            ahead: Future[Fetched] = pool.submit(reader.fetch, refs[0], version, wanted)
+            for i, chunk in enumerate(refs):
                 fetched = ahead.result()
-                if i + 1 < len(chunks):
-                    ahead = pool.submit(reader.fetch, chunks[i + 1], version, wanted)
+                if i + 1 < len(refs):
+                    ahead = pool.submit(reader.fetch, refs[i + 1], version, wanted)
                 yield reader.table(fetched, chunk)
+
+    def _chosen_chunks(self, numbers: Iterable[int] | None) -> list[ChunkRef]:
+        refs = self.chunk_refs()
+        if numbers is None:
+            return list(refs)
+        chosen = []
+        for n in numbers:
+            if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n < len(refs):
+                raise InputError(f"chunk {n!r}: this version has chunks 0 to {len(refs) - 1}")
+            chosen.append(refs[n])
+        return chosen
+
+    def to_hf(self, fields: Iterable[str] | None = None, *, streaming: bool = False) -> Any:
+        """The samples as a Hugging Face ``datasets.Dataset`` (every sample read into one
+        in-memory Arrow table), or with ``streaming=True`` an ``IterableDataset`` that reads
+        a chunk at a time, each chunk a shard. Columns and types as ``to_arrow`` gives them;
+        ``fields``: only those. Needs the ``hf`` extra."""
+        from ..format import hf
+
+        if not streaming:
+            return hf.in_memory(self.to_arrow(fields))
+        wanted = None if fields is None else list(fields)
+        view = self if wanted is None else self._nullable(wanted)  # refuse unknown fields now
+        return hf.streaming(_ChunkTables(view), len(view.chunk_refs()))
 
     def to_batches(
         self,
@@ -799,14 +829,14 @@ class Snapshot(Sequence[Sample]):
 
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, not {batch_size}")
-        for batch in arrow.rebatch(self._tables(fields), batch_size):
+        for batch in arrow.rebatch(self.chunk_tables(fields), batch_size):
             yield arrow.cast(batch, schema)
 
     def to_arrow(self, fields: Iterable[str] | None = None, *, schema: Any = None) -> Any:
         """Every sample as one ``pyarrow.Table`` (see ``to_batches``)."""
         from ..format import arrow
 
-        tables = list(self._tables(fields))
+        tables = list(self.chunk_tables(fields))
         if not tables:
             return arrow.cast(arrow.table_of([], []), schema)
         return arrow.cast(arrow.concat(tables), schema)
@@ -863,6 +893,39 @@ class Snapshot(Sequence[Sample]):
                 if i + 1 < len(chunks):
                     ahead = pool.submit(reader.fetch, chunks[i + 1], version, fields)
                 yield from self.handle_missing(reader.samples(fetched, chunk, version, views=views))
+
+    # -- exports (exports.py) --------------------------------------------------------------
+
+    def export_parquet(self, dest: str, **options: Any) -> Any:
+        """Write the samples as Parquet files in the folder ``dest`` (a path or URI), one per
+        chunk, of one schema; returns an ``Export``. Options: ``fields``,
+        ``storage_options``, ``progress`` (``txstore.export_parquet``)."""
+        return exports.export_parquet(self, dest, **options)
+
+    def export_litdata(self, dest: str, **options: Any) -> Any:
+        """Write the samples as a LitData dataset in the folder ``dest``, one that
+        ``litdata.StreamingDataset`` reads; returns an ``Export``. Options: ``chunk_bytes``,
+        ``storage_options``, ``progress`` (``txstore.export_litdata``)."""
+        return exports.export_litdata(self, dest, **options)
+
+    def export_mds(self, dest: str, **options: Any) -> Any:
+        """Write the samples as a MosaicML MDS dataset in the folder ``dest``, one that
+        ``streaming.StreamingDataset`` reads; returns an ``Export``. Options:
+        ``size_limit``, ``storage_options``, ``progress``
+        (``txstore.export_mds``)."""
+        return exports.export_mds(self, dest, **options)
+
+
+class _ChunkTables:
+    """A snapshot's tables of the chunks given by number: what the shards of a streaming
+    Hugging Face dataset read. A class, not a closure, so that DataLoader workers started
+    with spawn receive it (with its snapshot, as ``Snapshot.__reduce__`` hands it over)."""
+
+    def __init__(self, snap: Snapshot) -> None:
+        self.snap = snap
+
+    def __call__(self, chunks: list[int]) -> Iterator[Any]:
+        return self.snap.chunk_tables(chunks=chunks)
 
 
 def _rebuild(

@@ -1,5 +1,5 @@
-"""PyTorch faces of a snapshot: a map- and iterable-style dataset, a weighted mix of them, and
-their loader."""
+"""PyTorch faces of a snapshot: a map- and iterable-style dataset and its loader, a weighted
+mix of datasets, and token windows for language-model pretraining."""
 
 from .dataset import (
     Piece,
@@ -10,6 +10,7 @@ from .dataset import (
     samples_per_rank,
 )
 from .mixing import MixedStreamingDataset
+from .tokens import TokenStreamingDataLoader, TokenStreamingDataset
 
 __all__ = [
     "MixedStreamingDataset",
@@ -17,6 +18,8 @@ __all__ = [
     "ResumeMismatchError",
     "StreamingDataLoader",
     "StreamingDataset",
+    "TokenStreamingDataLoader",
+    "TokenStreamingDataset",
     "plan_worker",
     "samples_per_rank",
 ]

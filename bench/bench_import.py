@@ -1,0 +1,191 @@
+"""Importing a LitData and an MDS dataset against a plain copy of the same files.
+
+The datasets are written once by the tools themselves (``litdata.optimize``,
+``streaming.MDSWriter``, ``pyarrow.parquet`` in 4 files of 250-row groups): samples of an
+int and a random ``bytes`` value (W2: 100 KiB each). Then, round robin in one run: a plain
+copy of the dataset's files (read, write, fsync each file and the folder: a durable copy, as
+txstore's commits are durable), ``txstore.import_litdata`` / ``import_mds`` /
+``import_parquet`` into a new uncompressed store with 1 and 2 workers, and Lance's
+``write_dataset`` from the same Parquet files (``pyarrow.dataset``, Lance's defaults). The
+figure is each import's speed as a fraction of the plain copy of its source.
+
+    python bench/bench_import.py [--quick] [--repeat N] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import types
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from txbench.output import finish_report, new_report
+from txbench.system import machine_info, print_machine
+
+import txstore
+
+
+def _sample(i: int) -> dict[str, Any]:
+    return {"id": i, "blob": _POOL[i % len(_POOL)]}
+
+
+_POOL = [os.urandom(100 * 1024) for _ in range(64)]
+
+
+def write_litdata(out: Path, n: int) -> None:
+    import litdata
+
+    litdata.optimize(fn=_sample, inputs=list(range(n)), output_dir=str(out),
+                     chunk_bytes="64MB", num_workers=1)  # fmt: skip
+
+
+def write_mds(out: Path, n: int) -> None:
+    sys.modules.setdefault("streaming.vision", types.ModuleType("streaming.vision"))
+    from streaming import MDSWriter
+
+    with MDSWriter(out=str(out), columns={"id": "int", "blob": "bytes"}) as writer:
+        for i in range(n):
+            writer.write(_sample(i))
+
+
+def write_parquet(out: Path, n: int) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out.mkdir()
+    files = 4
+    per_file = -(-n // files)
+    for f in range(files):
+        ids = list(range(f * per_file, min(n, (f + 1) * per_file)))
+        blobs = [_sample(i)["blob"] for i in ids]
+        table = pa.table({"id": pa.array(ids, pa.int64()), "blob": pa.array(blobs, pa.binary())})
+        pq.write_table(
+            table,
+            out / f"part-{f}.parquet",
+            row_group_size=250,
+            compression="none",
+            use_dictionary=False,
+        )
+
+
+def _lance_to(src: Path, dest: Path) -> None:
+    import lance
+    import pyarrow.dataset as pads
+
+    lance.write_dataset(pads.dataset(str(src), format="parquet"), str(dest))
+
+
+def plain_copy(src: Path, dest: Path) -> None:
+    dest.mkdir()
+    for path in sorted(src.iterdir()):
+        data = path.read_bytes()
+        fd = os.open(dest / path.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    fd = os.open(dest, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _copy_to(src: Path, dest: Path) -> None:
+    plain_copy(src, dest)
+
+
+def _import_to(importer: Callable[..., Any], src: Path, workers: int, dest: Path) -> None:
+    importer(src, str(dest), num_workers=workers, compression=None, progress=False)
+
+
+def _has(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def _timed(run: Callable[[Path], None], work: Path) -> float:
+    target = work / "out"
+    if target.exists():
+        shutil.rmtree(target)
+    start = time.perf_counter()
+    run(target)
+    seconds = time.perf_counter() - start
+    shutil.rmtree(target)
+    return seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="1,000 samples (100 MB), 2 rounds")
+    parser.add_argument("--repeat", type=int, default=None)
+    parser.add_argument("--json", default=None, help="write the results here")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    n = 1000 if args.quick else 5000
+    repeat = args.repeat or (2 if args.quick else 3)
+    with tempfile.TemporaryDirectory(prefix="bench-import-") as tmp:
+        work = Path(tmp)
+        packages = ("txstore", "litdata", "mosaicml-streaming", "pyarrow", "pylance")
+        info = machine_info(work, packages)
+        print_machine(info)
+        sources = {"litdata": work / "litdata", "mds": work / "mds", "parquet": work / "parquet"}
+        write_litdata(sources["litdata"], n)
+        write_mds(sources["mds"], n)
+        write_parquet(sources["parquet"], n)
+        importers: dict[str, Callable[..., Any]] = {
+            "litdata": txstore.import_litdata,
+            "mds": txstore.import_mds,
+            "parquet": txstore.import_parquet,
+        }
+        contenders: dict[str, Callable[[Path], None]] = {}
+        for kind, src in sources.items():
+            contenders[f"plain copy of {kind} files"] = functools.partial(_copy_to, src)
+            for workers in (1, 2):
+                contenders[f"import_{kind}, {workers} worker(s)"] = functools.partial(
+                    _import_to, importers[kind], src, workers
+                )
+        if _has("lance"):
+            contenders["lance.write_dataset of parquet files"] = functools.partial(
+                _lance_to, sources["parquet"]
+            )
+        times: dict[str, list[float]] = {name: [] for name in contenders}
+        for _ in range(repeat):
+            for name, run in contenders.items():
+                times[name].append(_timed(run, work))
+        sizes = {k: sum(p.stat().st_size for p in s.iterdir()) for k, s in sources.items()}
+    results = []
+    for name, seconds in times.items():
+        kind = next(k for k in sources if k in name)
+        best = min(seconds)
+        copy = min(times[f"plain copy of {kind} files"])
+        results.append({
+            "contender": name,
+            "samples": n,
+            "bytes": sizes[kind],
+            "best_seconds": best,
+            "median_seconds": statistics.median(seconds),
+            "MB_per_s": sizes[kind] / best / 1e6,
+            "vs_plain_copy": copy / best,
+        })  # fmt: skip
+    for r in results:
+        print(
+            f"{r['contender']:<34} {r['MB_per_s']:8.1f} MB/s  {r['vs_plain_copy']:5.2f}x the "
+            "plain copy's speed"
+        )
+    report = new_report("bench_import", info, args.quick, repeat=repeat, results=results)
+    finish_report(report, Path(args.json) if args.json else None, started)
+
+
+if __name__ == "__main__":
+    main()

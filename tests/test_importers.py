@@ -1,0 +1,592 @@
+"""Import from and export to LitData, MosaicML MDS and Parquet, on datasets the real tools
+write (litdata.optimize, streaming.MDSWriter, pyarrow.parquet) and read back with their own
+readers. Every sample is compared with the values the test made itself."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import txstore
+from txstore.cli import main as cli
+
+litdata = pytest.importorskip("litdata")
+torch = pytest.importorskip("torch")
+Image = pytest.importorskip("PIL.Image")
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+pads = pytest.importorskip("pyarrow.dataset")
+
+
+def _streaming() -> Any:
+    # `import streaming` imports its vision datasets, which need torchvision (not installed:
+    # its wheels drag in a CUDA torch); only those classes are lost.
+    try:
+        import torchvision  # noqa: F401
+    except ImportError:
+        sys.modules.setdefault("streaming.vision", types.ModuleType("streaming.vision"))
+    return pytest.importorskip("streaming")
+
+
+N = 24
+
+
+def _pixels(i: int, size: tuple[int, int] = (5, 4)) -> np.ndarray[Any, Any]:
+    w, h = size
+    return ((np.arange(h * w * 3).reshape(h, w, 3) * (i + 1)) % 251).astype(np.uint8)
+
+
+def _image_file(folder: Path, i: int, fmt: str) -> Path:
+    path = folder / f"img{i}.{fmt.lower()}"
+    Image.fromarray(_pixels(i)).save(path, format=fmt)
+    return path
+
+
+# -- LitData ---------------------------------------------------------------------------
+
+# litdata.optimize runs fn in spawned processes: the images it opens are made first, in
+# this folder (set by the fixture before optimize is called, read back through the env).
+_IMAGES = "TXSTORE_TEST_IMAGES"
+
+
+def litdata_sample(i: int) -> dict[str, Any]:
+    """A sample with a leaf for each LitData serializer under test; JPEG and PNG as images
+    opened from files (LitData stores a JPEG file's bytes; a PNG image's raw pixels)."""
+    folder = Path(os.environ[_IMAGES])
+    return {
+        "i": i * 1_000_003 - 7,
+        "f": i / 7,
+        "s": f"caption {i} ✓",
+        "b": bytes(range(i % 7)) * 3,
+        "flag": i % 3 == 0,
+        "vec": np.arange(i % 5 + 1, dtype=np.int16) - i,
+        "grid": np.arange(6, dtype=np.float32).reshape(2, 3) * i,
+        "t": torch.arange(6, dtype=torch.float64).reshape(3, 2) + i,
+        "tv": torch.arange(4, dtype=torch.int32) * i,
+        "jpg": Image.open(folder / f"img{i}.jpeg"),
+        "png": Image.open(folder / f"img{i}.png"),
+        "meta": {"n": i, "name": f"m{i}"},
+    }
+
+
+def litdata_expected(i: int, folder: Path) -> dict[str, Any]:
+    out = litdata_sample(i)
+    out["jpg"] = (folder / f"img{i}.jpeg").read_bytes()  # the file's bytes, as stored
+    out["png"] = _pixels(i)  # raw pixels, as LitData's pil serializer keeps them
+    return out
+
+
+def litdata_plain(i: int) -> dict[str, Any]:
+    """Plain values only: LitData stores such rows as an Arrow IPC file after the items."""
+    return {"id": i, "text": f"t{i}", "blob": bytes([i]) * 5, "tags": [f"a{i}", "b"],
+            "ok": i % 2 == 0, "x": i / 4}  # fmt: skip
+
+
+def litdata_pickled(i: int) -> dict[str, Any]:
+    return {"i": i, "odd": {i, i + 1}}  # a set: LitData pickles it
+
+
+def _equal(got: Any, want: Any, where: str) -> None:
+    if isinstance(want, np.ndarray):
+        assert isinstance(got, np.ndarray), where
+        assert got.dtype == want.dtype and got.shape == want.shape, where
+        assert np.array_equal(got, want), where
+    elif isinstance(want, torch.Tensor):
+        assert isinstance(got, torch.Tensor), where
+        assert got.dtype == want.dtype and got.shape == want.shape, where
+        assert torch.equal(got, want), where
+    elif isinstance(want, dict):
+        assert isinstance(got, dict) and got.keys() == want.keys(), (where, got, want)
+        for k in want:
+            _equal(got[k], want[k], f"{where}.{k}")
+    elif isinstance(want, list):
+        assert isinstance(got, list) and len(got) == len(want), where
+        for k, (g, w) in enumerate(zip(got, want, strict=True)):
+            _equal(g, w, f"{where}[{k}]")
+    else:
+        if isinstance(got, memoryview):  # LitData's reader hands bytes out as views
+            got = bytes(got)
+        assert type(got) is type(want) and got == want, (where, got, want)
+
+
+def _same_samples(got: Any, want: list[dict[str, Any]]) -> None:
+    assert len(got) == len(want)
+    for n, w in enumerate(want):
+        _equal(got[n], w, f"sample {n}")
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("images")
+    for i in range(N):
+        _image_file(folder, i, "JPEG")
+        _image_file(folder, i, "PNG")
+    os.environ[_IMAGES] = str(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def litdata_dir(tmp_path_factory: pytest.TempPathFactory, images: Path) -> Path:
+    out = tmp_path_factory.mktemp("litdata") / "ds"
+    litdata.optimize(
+        fn=litdata_sample, inputs=list(range(N)), output_dir=str(out), chunk_bytes="2KB",
+        num_workers=1,
+    )  # fmt: skip
+    return out
+
+
+def test_litdata_import_gives_every_sample(litdata_dir: Path, images: Path, tmp_path: Path):
+    config = json.loads((litdata_dir / "index.json").read_text())["config"]
+    # the serializers under test are the ones LitData chose
+    assert {"int", "float", "str", "bytes", "bool", "numpy", "tensor", "jpeg", "pil"} <= {
+        f.split(":")[0] for f in config["data_format"]
+    }
+    assert any(f.startswith("no_header_numpy") for f in config["data_format"])
+    assert any(f.startswith("no_header_tensor") for f in config["data_format"])
+    assert len(json.loads((litdata_dir / "index.json").read_text())["chunks"]) > 2
+    commit = txstore.import_litdata(litdata_dir, str(tmp_path / "st"), num_workers=2,
+                                    progress=False)  # fmt: skip
+    assert commit.version == 1 and commit.num_samples == N
+    snap = txstore.open(str(tmp_path / "st")).snapshot()
+    _same_samples(snap, [litdata_expected(i, images) for i in range(N)])
+    assert commit.message is not None and "litdata" in commit.message
+
+
+def test_litdata_compressed_chunks(tmp_path: Path, images: Path):
+    pytest.importorskip("zstd")  # LitData's own zstd writer
+    out = tmp_path / "zds"
+    litdata.optimize(
+        fn=litdata_sample, inputs=list(range(6)), output_dir=str(out), chunk_bytes="4KB",
+        num_workers=1, compression="zstd",
+    )  # fmt: skip
+    assert json.loads((out / "index.json").read_text())["config"]["compression"]
+    txstore.import_litdata(out, str(tmp_path / "st"), num_workers=1, progress=False)
+    snap = txstore.open(str(tmp_path / "st")).snapshot()
+    _same_samples(snap, [litdata_expected(i, images) for i in range(6)])
+
+
+def test_litdata_rows_in_an_arrow_footer(tmp_path: Path):
+    want = [litdata_plain(i) for i in range(40)]
+    for compression in (None, "zstd"):
+        out = tmp_path / f"ds-{compression}"
+        litdata.optimize(fn=litdata_plain, inputs=list(range(40)), output_dir=str(out),
+                         chunk_bytes="1KB", num_workers=1, compression=compression)  # fmt: skip
+        first = sorted(out.glob("chunk-*.bin"))[0].read_bytes()
+        assert first.endswith(b"LDARW01\0")  # the layout under test
+        dest = str(tmp_path / f"st-{compression}")
+        txstore.import_litdata(out, dest, num_workers=1, progress=False)
+        _same_samples(txstore.open(dest).snapshot(), want)
+        _same_samples(litdata.StreamingDataset(str(out)), want)  # what LitData itself reads
+
+
+def test_litdata_pickle_is_refused_naming_the_field(tmp_path: Path):
+    out = tmp_path / "pds"
+    litdata.optimize(fn=litdata_pickled, inputs=list(range(3)), output_dir=str(out),
+                     chunk_bytes="1MB", num_workers=1)  # fmt: skip
+    with pytest.raises(txstore.EncodeError, match=r"field 'odd'.*pickle"):
+        txstore.import_litdata(out, str(tmp_path / "st"), progress=False)
+    assert not (tmp_path / "st").exists()  # nothing was made
+
+
+def _copy_into(folder: Path, uri: str, options: dict[str, Any] | None = None) -> None:
+    from txstore.storage import open_storage
+
+    storage = open_storage(uri, options)
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            storage.write(path.relative_to(folder).as_posix(), path.read_bytes())
+
+
+def test_litdata_import_from_an_object_store(litdata_dir: Path, images: Path, tmp_path: Path,
+                                             s3_server: Any):  # fmt: skip
+    src = f"s3://{s3_server.new_bucket()}/litdata/ds"
+    _copy_into(litdata_dir, src, s3_server.options)
+    txstore.import_litdata(src, str(tmp_path / "st"), src_storage_options=s3_server.options,
+                           num_workers=2, progress=False)  # fmt: skip
+    snap = txstore.open(str(tmp_path / "st")).snapshot()
+    _same_samples(snap, [litdata_expected(i, images) for i in range(N)])
+
+
+def test_import_modes_are_optimizes(litdata_dir: Path, images: Path, tmp_path: Path):
+    dest = str(tmp_path / "st")
+    want = [litdata_expected(i, images) for i in range(N)]
+    txstore.import_litdata(litdata_dir, dest, num_workers=1, progress=False)
+    with pytest.raises(txstore.StoreExistsError):
+        txstore.import_litdata(litdata_dir, dest, num_workers=1, progress=False)
+    txstore.import_litdata(litdata_dir, dest, mode="append", num_workers=1, progress=False)
+    store = txstore.open(dest)
+    assert store.version == 2
+    _same_samples(store.snapshot(), want + want)
+    txstore.import_litdata(litdata_dir, dest, mode="overwrite", num_workers=1, progress=False)
+    _same_samples(txstore.open(dest).snapshot(), want)
+    assert len(txstore.open(dest).snapshot(2)) == 2 * N  # older versions stay
+
+
+def test_litdata_export_reads_back_in_litdata(tmp_path: Path):
+    rows = [
+        {
+            "id": i,
+            "x": i / 3,
+            "name": f"n{i}",
+            "blob": bytes([i]) * i,
+            "ok": i % 2 == 1,
+            "arr": np.arange(i + 1, dtype=np.uint16),
+            "img": np.full((2, 3, 3), i, np.uint8),
+            "t": torch.full((2, 2), i, dtype=torch.bfloat16),
+            "tags": [f"t{i}", "x"],
+            "meta": {"w": i, "scores": [0.5, i / 2], "none": None},
+        }
+        for i in range(40)
+    ]
+    store = txstore.create(str(tmp_path / "st"), chunk_bytes=4096)
+    store.append(rows)
+    result = store.snapshot().export_litdata(str(tmp_path / "out"), chunk_bytes="2KB",
+                                             progress=False)  # fmt: skip
+    assert result.num_samples == 40 and len(result.files) > 2
+    ds = litdata.StreamingDataset(str(tmp_path / "out"))
+    _same_samples(ds, rows)
+    # and back in: the same samples again
+    txstore.import_litdata(tmp_path / "out", str(tmp_path / "again"), progress=False)
+    _same_samples(txstore.open(str(tmp_path / "again")).snapshot(), rows)
+
+
+def test_litdata_export_refuses_what_it_cannot_write(tmp_path: Path):
+    store = txstore.create(str(tmp_path / "st"))
+    store.append([{"a": 1}, {"a": "one"}])
+    with pytest.raises(txstore.EncodeError, match=r"sample 1, field 'a'"):
+        store.snapshot().export_litdata(str(tmp_path / "out"), progress=False)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "x").write_text("")
+    with pytest.raises(txstore.AlreadyExistsError, match="holds files"):
+        store.snapshot().export_litdata(str(tmp_path / "out"), progress=False)
+
+
+# -- MDS -------------------------------------------------------------------------------
+
+MDS_COLUMNS = {
+    "int": "int",
+    "u8": "uint8",
+    "u16": "uint16",
+    "u32": "uint32",
+    "u64": "uint64",
+    "i8": "int8",
+    "i16": "int16",
+    "i32": "int32",
+    "i64": "int64",
+    "f16": "float16",
+    "f32": "float32",
+    "f64": "float64",
+    "s": "str",
+    "b": "bytes",
+    "j": "json",
+    "nd": "ndarray",
+    "nd_fixed": "ndarray:float32:2,3",
+    "jpg": "jpeg",
+    "png": "png",
+    "pil": "pil",
+    "si": "str_int",
+    "sf": "str_float",
+    "jarr": "jpeg_array",
+    "jlist": "list[jpeg]",
+}
+
+
+def _mds_rows(images: Path, n: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """What MDSWriter is given, and what an import must give back."""
+    written, expected = [], []
+    for i in range(n):
+        jpeg_path = images / f"img{i}.jpeg"
+        png_bytes = (images / f"img{i}.png").read_bytes()
+        jpeg_bytes = jpeg_path.read_bytes()
+        values: dict[str, Any] = {
+            "int": -(2**40) + i,
+            "u8": np.uint8(250 + i % 5),
+            "u16": np.uint16(60000 + i),
+            "u32": np.uint32(4_000_000_000 + i),
+            "u64": np.uint64(2**63 + i),
+            "i8": np.int8(-100 + i),
+            "i16": np.int16(-30000 + i),
+            "i32": np.int32(-(2**31) + i),
+            "i64": np.int64(-(2**62) + i),
+            "f16": np.float16(i / 4),
+            "f32": np.float32(i / 3),
+            "f64": np.float64(i / 7),
+            "s": f"text {i} ü",
+            "b": bytes([i, 0, 255]),
+            "j": {"k": [i, None, True, "x"], "f": i / 8},
+            "nd": np.arange(i % 4 + 1, dtype=np.int64).reshape(-1, 1) * i,
+            "nd_fixed": np.full((2, 3), i, np.float32),
+            "si": 10**15 + i,
+            "sf": i / 9,
+        }
+        written.append({
+            **values,
+            "jpg": Image.open(jpeg_path),  # MDS stores a JPEG file's bytes
+            "png": Image.open(images / f"img{i}.png"),  # MDS encodes it anew, with PIL
+            "pil": Image.fromarray(_pixels(i)),
+            "jarr": [jpeg_bytes, png_bytes],
+            "jlist": [Image.open(jpeg_path)],
+        })  # fmt: skip
+        expected.append({
+            **values,
+            "jpg": jpeg_bytes,
+            "png": _png(images / f"img{i}.png"),
+            "pil": _pixels(i),
+            "jarr": [jpeg_bytes, png_bytes],
+            "jlist": [jpeg_bytes],
+        })  # fmt: skip
+    return written, expected
+
+
+def _png(path: Path) -> bytes:
+    """The bytes MDS's png encoding stores for an image: PIL's PNG of it."""
+    out = io.BytesIO()
+    Image.open(path).save(out, format="PNG")
+    return out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def mds_dir(tmp_path_factory: pytest.TempPathFactory, images: Path) -> Path:
+    streaming = _streaming()
+    out = tmp_path_factory.mktemp("mds") / "ds"
+    written, _ = _mds_rows(images, N)
+    with streaming.MDSWriter(out=str(out), columns=MDS_COLUMNS, size_limit=4096) as writer:
+        for row in written:
+            writer.write(row)
+    return out
+
+
+def test_mds_import_gives_every_sample(mds_dir: Path, images: Path, tmp_path: Path):
+    assert len(json.loads((mds_dir / "index.json").read_text())["shards"]) > 2
+    commit = txstore.import_mds(mds_dir, str(tmp_path / "st"), num_workers=2, progress=False)
+    assert commit.num_samples == N
+    _, expected = _mds_rows(images, N)
+    _same_samples(txstore.open(str(tmp_path / "st")).snapshot(), expected)
+
+
+def test_mds_compressed_shards(tmp_path: Path, images: Path):
+    streaming = _streaming()
+    written, expected = _mds_rows(images, 8)
+    for algo in ("zstd:5", "gz"):
+        out = tmp_path / algo.replace(":", "")
+        with streaming.MDSWriter(out=str(out), columns=MDS_COLUMNS, compression=algo,
+                                 size_limit=8192) as writer:  # fmt: skip
+            for row in written:
+                writer.write(row)
+        dest = str(tmp_path / f"st-{algo.replace(':', '')}")
+        txstore.import_mds(out, dest, num_workers=1, progress=False)
+        _same_samples(txstore.open(dest).snapshot(), expected)
+
+
+def test_mds_pickle_and_decimal_are_refused_naming_the_column(tmp_path: Path):
+    from decimal import Decimal
+
+    streaming = _streaming()
+    for column, encoding, value in (("obj", "pkl", {"a": 1}), ("d", "str_decimal", Decimal(1))):
+        out = tmp_path / encoding
+        with streaming.MDSWriter(out=str(out), columns={"x": "int", column: encoding}) as w:
+            w.write({"x": 1, column: value})
+        with pytest.raises(txstore.EncodeError, match=f"column '{column}'"):
+            txstore.import_mds(out, str(tmp_path / f"st-{encoding}"), progress=False)
+
+
+def test_mds_export_reads_back_in_streaming(tmp_path: Path):
+    streaming = _streaming()
+    rows = [
+        {
+            "id": i,
+            "x": i / 3,
+            "name": f"n{i}",
+            "blob": bytes([i]) * (i + 1),
+            "ok": i % 2 == 1,
+            "arr": np.arange(i + 1, dtype=np.uint16).reshape(1, -1),
+            "small": np.int8(-i),
+            "half": np.float16(i / 2),
+            "meta": {"w": i, "scores": [0.5, i / 2], "none": None},
+        }
+        for i in range(40)
+    ]
+    store = txstore.create(str(tmp_path / "st"), chunk_bytes=4096)
+    store.append(rows)
+    result = store.snapshot().export_mds(str(tmp_path / "out"), size_limit=1024, progress=False)
+    assert result.num_samples == 40 and len(result.files) > 2
+    ds = streaming.StreamingDataset(local=str(tmp_path / "out"), batch_size=1)
+    got = [ds[i] for i in range(len(ds))]
+    # MDS's float64 reads back as numpy.float64 (a float of the same value)
+    for g in got:
+        assert isinstance(g["x"], np.float64)
+        g["x"] = float(g["x"])
+    _same_samples(got, rows)
+    txstore.import_mds(tmp_path / "out", str(tmp_path / "again"), progress=False)
+    back = txstore.open(str(tmp_path / "again")).snapshot()
+    assert [float(s["x"]) for s in back] == [r["x"] for r in rows]
+
+
+# -- Parquet ---------------------------------------------------------------------------
+
+
+def _parquet_rows(start: int, n: int) -> dict[str, list[Any]]:
+    return {
+        "id": list(range(start, start + n)),
+        "text": [f"row {i}" for i in range(start, start + n)],
+        "score": [None if i % 5 == 0 else i / 2 for i in range(start, start + n)],
+        "tags": [[f"t{i}"] * (i % 3) for i in range(start, start + n)],
+        "blob": [bytes([i % 256]) * 4 for i in range(start, start + n)],
+    }
+
+
+def _parquet_files(folder: Path) -> list[dict[str, Any]]:
+    folder.mkdir()
+    rows: list[dict[str, Any]] = []
+    for part, start in enumerate((0, 30, 70)):
+        n = 30 if part < 2 else 25
+        cols = _parquet_rows(start, n)
+        pq.write_table(pa.table(cols), folder / f"part-{part}.parquet", row_group_size=8)
+        rows += [{k: cols[k][j] for k in cols} for j in range(n)]
+    (folder / "notes.txt").write_text("not parquet")
+    return rows
+
+
+def test_parquet_import_glob_folder_and_columns(tmp_path: Path):
+    rows = _parquet_files(tmp_path / "pq")
+    txstore.import_parquet(str(tmp_path / "pq" / "part-*.parquet"), str(tmp_path / "a"),
+                           num_workers=2, progress=False)  # fmt: skip
+    _same_samples(txstore.open(str(tmp_path / "a")).snapshot(), rows)
+    txstore.import_parquet(str(tmp_path / "pq"), str(tmp_path / "b"), columns=["id", "text"],
+                           progress=False)  # fmt: skip
+    snap = txstore.open(str(tmp_path / "b")).snapshot()
+    _same_samples(snap, [{"id": r["id"], "text": r["text"]} for r in rows])
+    one = tmp_path / "pq" / "part-1.parquet"
+    txstore.import_parquet([one, one], str(tmp_path / "c"), progress=False)
+    assert [s["id"] for s in txstore.open(str(tmp_path / "c")).snapshot()] == 2 * list(
+        range(30, 60)
+    )
+    with pytest.raises(txstore.NotFoundError):
+        txstore.import_parquet(str(tmp_path / "pq" / "*.nothing"), str(tmp_path / "d"))
+
+
+def test_parquet_import_from_an_object_store_reads_ranges(tmp_path: Path, s3_server: Any):
+    # Not files on this machine: the row groups are read through ranged reads of the storage.
+    rows = _parquet_files(tmp_path / "pq")
+    src = f"s3://{s3_server.new_bucket()}/pq"
+    _copy_into(tmp_path / "pq", src, s3_server.options)
+    txstore.import_parquet(src + "/part-*.parquet", str(tmp_path / "a"),
+                           src_storage_options=s3_server.options, num_workers=1,
+                           progress=False)  # fmt: skip
+    _same_samples(txstore.open(str(tmp_path / "a")).snapshot(), rows)
+
+
+def test_parquet_export_reads_back_in_pyarrow(tmp_path: Path):
+    store = txstore.create(str(tmp_path / "st"), chunk_bytes=2048)
+    rows = [{"id": i, "text": f"r{i}", **({"score": i / 2} if i > 50 else {})} for i in range(90)]
+    for start in (0, 30, 60):  # a chunk each; the first two without "score"
+        store.append(rows[start : start + 30])
+    assert len(store.snapshot().chunk_refs()) == 3
+    result = store.snapshot().export_parquet(str(tmp_path / "out"), progress=False)
+    assert result.num_samples == 90
+    table = pads.dataset(str(tmp_path / "out"), format="parquet").to_table()
+    # one table of every row, in order: the files sort by name
+    assert table.column_names == ["id", "text", "score"]
+    assert table.to_pylist() == [{"score": None, **r} for r in rows]
+
+
+# -- the command line ------------------------------------------------------------------
+
+
+def test_cli_import_and_export(litdata_dir: Path, mds_dir: Path, images: Path, tmp_path: Path,
+                               capsys: pytest.CaptureFixture[str]):  # fmt: skip
+    dest = str(tmp_path / "st")
+    assert cli(["import", "litdata", str(litdata_dir), dest, "--json", "-q"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["version"] == 1 and out["num_samples"] == N
+    assert cli(["import", "litdata", str(litdata_dir), dest, "-q"]) == 1  # exists: refused
+    assert "mode" in capsys.readouterr().err
+    assert cli(["import", "mds", str(mds_dir), str(tmp_path / "m"), "-q"]) == 0
+    assert "+24 samples" in capsys.readouterr().out
+    assert cli(["export", "litdata", dest, str(tmp_path / "out"), "--json", "-q"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["num_samples"] == N and "index.json" in out["files"]
+    got = txstore.open(dest).snapshot()
+    ds = litdata.StreamingDataset(str(tmp_path / "out"))
+    _same_samples(ds, [got[i] for i in range(N)])
+    assert cli(["export", "mds", dest, str(tmp_path / "m2"), "--version", "1", "-q"]) == 0
+    assert cli(["import", "parquet", str(tmp_path / "nothing-*.parquet"), dest, "-q"]) == 1
+    assert "no file matches" in capsys.readouterr().err
+    assert cli(["import", "litdata", str(litdata_dir), dest, "--mode", "append", "-q",
+                "--storage-option", "key=x"]) == 2  # fmt: skip
+
+
+def test_import_progress_counts_files(litdata_dir: Path, tmp_path: Path):
+    seen: list[tuple[str, int, int]] = []
+    txstore.import_litdata(litdata_dir, str(tmp_path / "st"), num_workers=1,
+                           progress=lambda *a: seen.append(a))  # fmt: skip
+    chunks = len(json.loads((litdata_dir / "index.json").read_text())["chunks"])
+    assert seen[0] == ("import litdata", 0, chunks)
+    assert seen[-1] == ("import litdata", chunks, chunks)
+
+
+def test_raw_pil_modes(tmp_path: Path):
+    from txstore.format.peer_mds import pixels_of
+
+    def raw(img: Any) -> bytes:
+        w, h = img.size
+        mode = img.mode.encode()
+        return np.array([w, h, len(mode)], np.uint32).tobytes() + mode + img.tobytes()
+
+    gray = np.arange(12, dtype=np.uint8).reshape(3, 4)
+    assert np.array_equal(pixels_of(raw(Image.fromarray(gray)), "x"), gray)
+    bits = np.array([[1, 0, 1, 1, 0, 0, 0, 1, 1], [0] * 9], dtype=bool)
+    assert np.array_equal(pixels_of(raw(Image.fromarray(bits)), "x"), bits)
+    floats = np.linspace(0, 1, 6, dtype=np.float32).reshape(2, 3)
+    assert np.array_equal(pixels_of(raw(Image.fromarray(floats, mode="F")), "x"), floats)
+    with pytest.raises(txstore.EncodeError, match="mode 'CMYK'"):
+        pixels_of(raw(Image.new("CMYK", (2, 2))), "column 'pil'")
+    with pytest.raises(txstore.CorruptError):
+        pixels_of(raw(Image.fromarray(gray))[:-1], "x")
+
+
+def test_bad_index_is_named(tmp_path: Path):
+    (tmp_path / "ds").mkdir()
+    (tmp_path / "ds" / "index.json").write_text("{not json")
+    with pytest.raises(txstore.CorruptError, match=r"index\.json"):
+        txstore.import_litdata(tmp_path / "ds", str(tmp_path / "a"), progress=False)
+    with pytest.raises(txstore.CorruptError, match=r"index\.json"):
+        txstore.import_mds(tmp_path / "ds", str(tmp_path / "a"), progress=False)
+    with pytest.raises(txstore.NotFoundError, match=r"index\.json"):
+        txstore.import_mds(tmp_path / "nowhere", str(tmp_path / "a"), progress=False)
+
+
+def test_hugging_face_dataset_appends_through_its_arrow_table():
+    datasets = pytest.importorskip("datasets")
+    columns = {
+        "id": list(range(50)),
+        "text": [f"t{i}" for i in range(50)],
+        "emb": [[i / 2, i / 4] for i in range(50)],
+    }
+    ds = datasets.Dataset.from_dict(columns)
+    store = txstore.create("memory://hf-" + os.urandom(4).hex())
+    store.append(ds.data.table)  # the Arrow table under the dataset: a column at a time
+    want = [{k: columns[k][i] for k in columns} for i in range(50)]
+    _same_samples(store.snapshot(), want)
+
+
+def test_default_workers_are_no_more_than_the_source_has_chunks_worth(tmp_path):
+    # Each worker ends with a part-filled chunk the parent re-packs: a source smaller than
+    # a chunk is read by one process whatever the cores.
+    from txstore.interop.imports import _workers
+
+    dest = str(tmp_path / "st")
+    mib = 1024 * 1024
+    assert _workers(None, 10, 10 * mib, "64MiB", dest, None) == 1
+    assert _workers(None, 10, 3 * 64 * mib, "64MiB", dest, None) == min(os.cpu_count() or 1, 3)
+    assert _workers(None, 10, 0, "64MiB", dest, None) == 1
+    assert _workers(4, 10, 0, "64MiB", dest, None) == 4
+    assert _workers(None, 10, 10**12, "64MiB", "memory://x", None) == 1

@@ -17,7 +17,6 @@ torch = pytest.importorskip("torch")
 
 from txstore.torch import (  # noqa: E402
     MixedStreamingDataset,
-    ResumeMismatchError,
     StreamingDataLoader,
     StreamingDataset,
 )
@@ -149,18 +148,65 @@ def test_padding_and_drop_last_are_kept_across_the_change(tmp_path: Path) -> Non
             assert set(rest) == unseen and len(rest) - len(unseen) < 2
 
 
-def test_a_mix_resumes_only_on_its_topology(tmp_path: Path) -> None:
-    stores = [txstore.create(str(tmp_path / n), chunk_bytes=4096) for n in "ab"]
-    for k, store in enumerate(stores):
-        store.append({"id": 1000 * k + i} for i in range(100))
+def _mixes(
+    stores: list[txstore.Store], ranks: int, workers: int, mode: str
+) -> list[StreamingDataLoader]:
+    out = []
+    for rank in range(ranks):
+        sources = [StreamingDataset(s.snapshot(), shuffle=True) for s in stores]
+        mix = MixedStreamingDataset(sources, [0.7, 0.3], seed=4, on_exhausted=mode)
+        mix.set_epoch(1)
+        mix.set_distributed(rank, ranks)
+        out.append(StreamingDataLoader(mix, batch_size=8, num_workers=workers))
+    return out
 
-    def loader(workers: int) -> StreamingDataLoader:
-        mix = MixedStreamingDataset([StreamingDataset(s.snapshot()) for s in stores], [1, 1])
-        return StreamingDataLoader(mix, batch_size=4, num_workers=workers)
 
-    state = loader(2).state_dict()
-    with pytest.raises(ResumeMismatchError, match="only on the same topology"):
-        loader(1).load_state_dict(state)
+@pytest.mark.parametrize("mode", ["stop", "cycle"])
+@pytest.mark.parametrize(("before", "after"), [((2, 2), (3, 1)), ((1, 1), (2, 2))])
+def test_a_mix_resumes_on_another_topology(
+    tmp_path: Path, mode: str, before: tuple[int, int], after: tuple[int, int]
+) -> None:
+    stores = []
+    for k, n in enumerate((300, 1000)):
+        store = txstore.create(str(tmp_path / str(k)), chunk_bytes=2048, block_bytes=512)
+        store.append({"id": 10_000 * k + i, "pad": bytes(i % 30)} for i in range(n))
+        stores.append(store)
+    # An epoch's samples are the same on any topology (but for the padding that evens out
+    # ranks): one process's.
+    whole = _mixes(stores, 1, 0, mode)[0].streaming_dataset
+    full = Counter(int(sample["id"]) for sample in whole)
+    seen, state = _take(_mixes(stores, *before, mode), batches=9)
+    assert len(seen) == before[0] * 72 and Counter(seen) - full == Counter()
+    resumed = _mixes(stores, *after, mode)
+    for loader in resumed:
+        loader.load_state_dict(state)
+    per_rank = [[int(i) for b in loader for i in b["id"]] for loader in resumed]
+    rest = Counter(i for ids in per_rank for i in ids)
+    assert len({len(ids) for ids in per_rank}) == 1  # equal shares
+    # What the epoch had left, each as often as it had (a few more to even out the ranks).
+    left = full - Counter(seen)
+    assert left - rest == Counter()
+    assert sum((rest - left).values()) < after[0]
+
+
+def test_a_mix_resumed_on_another_topology_resumes_again(tmp_path: Path) -> None:
+    stores = []
+    for k, n in enumerate((300, 1000)):
+        store = txstore.create(str(tmp_path / str(k)), chunk_bytes=2048, block_bytes=512)
+        store.append({"id": 10_000 * k + i, "pad": bytes(i % 30)} for i in range(n))
+        stores.append(store)
+    full = Counter(int(s["id"]) for s in _mixes(stores, 1, 0, "cycle")[0].streaming_dataset)
+    seen, state = _take(_mixes(stores, 2, 2, "cycle"), batches=7)
+    middle = _mixes(stores, 1, 3, "cycle")
+    middle[0].load_state_dict(state)
+    more, state2 = _take(middle, batches=12)
+    resumed = _mixes(stores, 2, 1, "cycle")
+    for loader in resumed:
+        loader.load_state_dict(state2)
+    rest = Counter(int(i) for loader in resumed for b in loader for i in b["id"])
+    left = full - Counter(seen) - Counter(more)
+    assert Counter(seen) + Counter(more) - full == Counter()  # nothing twice so far
+    assert left - rest == Counter() and sum((rest - left).values()) < 2
 
 
 def test_persistent_workers_take_up_an_elastic_resume(snap: txstore.Snapshot) -> None:

@@ -336,7 +336,7 @@ class LoaderDataset(IterableDataset[Any]):
     skip: dict[int, int]
     #: What of the epoch the next iteration reads (``elastic``), when it resumes one that
     #: another topology began; None: the whole epoch.
-    todo: list[list[Any]] | None = None
+    todo: Any = None
     #: Whether set_epoch was called since the loader last started an iteration.
     _epoch_chosen: bool = False
     #: The shared buffer of the persistent-worker loader iterating this dataset, if any.
@@ -384,7 +384,7 @@ class LoaderDataset(IterableDataset[Any]):
         """Raise ResumeMismatchError unless ``state`` was taken over the same data and layout."""
         raise NotImplementedError
 
-    def _unseen(self, state: dict[str, Any]) -> list[list[Any]]:
+    def _unseen(self, state: dict[str, Any]) -> Any:
         """What of the state's epoch no worker had delivered, for another topology to read."""
         raise ResumeMismatchError(
             f"cannot resume: the state has world_size={state['world_size']} and "
@@ -880,7 +880,7 @@ class StreamingDataLoader(DataLoader[Any]):
         Refuses a state from another snapshot unless ``allow_other_version`` (the samples then
         differ from what was trained on), and one whose epoch layout differs (shuffle
         settings, drop_last), since the skipped samples would not be the ones delivered. A
-        StreamingDataset's state resumes on another number of workers or ranks too: the rest
+        state resumes on another number of workers or ranks too: the rest
         of the epoch is then what no worker of any rank had delivered (ranks deliver in
         lockstep, so any rank's state tells), split over the new ones.
         """

@@ -82,13 +82,13 @@ def unseen(
     for rank in range(world_size):
         for worker in range(workers):
             reads, real = items(rank, worker)
-            out += _left(reads, delivered.get(worker, 0), real, windows)
+            out += left(reads, delivered.get(worker, 0), real, windows)
     # Samples past the ranks' equal shares (drop_last) were read by none.
-    out += _as_segments(todo, world_size * per_rank, total)
-    return _merged(out)
+    out += segments_of(todo, world_size * per_rank, total)
+    return merged(out)
 
 
-def _as_segments(todo: list[Segment], start: int, stop: int) -> list[Segment]:
+def segments_of(todo: list[Segment], start: int, stop: int) -> list[Segment]:
     """Indices [start, stop) of ``todo`` (no wrap) as segments."""
     out: list[Segment] = []
     at = 0
@@ -105,7 +105,7 @@ def _as_segments(todo: list[Segment], start: int, stop: int) -> list[Segment]:
     return out
 
 
-def _left(
+def left(
     items: list[Item],
     done: int,
     limit: int,
@@ -141,7 +141,7 @@ def _left(
     return out
 
 
-def _merged(segments: list[Segment]) -> list[Segment]:
+def merged(segments: list[Segment]) -> list[Segment]:
     """Adjacent runs joined, so that the todo stays short."""
     out: list[Segment] = []
     for segment in segments:

@@ -14,20 +14,26 @@ source come before any position is found without walking the sequence from its s
 splits its samples: contiguous, equal shares. Each worker reads, of each source, the
 contiguous run of that source's epoch order its part of the sequence takes, so it still reads
 whole chunks in turn.
+
+Resumed on another topology, the rest of an epoch is, of each source, what no worker had
+delivered (``elastic``), mixed by a schedule of its own over what is left of each.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import heapq
+import itertools
 import math
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from typing import Any
 
 from torch.utils.data import get_worker_info
 
 from ..errors import ResumeMismatchError
+from . import elastic
 from .dataset import (
     LoaderDataset,
     Piece,
@@ -41,6 +47,12 @@ from .dataset import (
 )
 
 MODES = ("stop", "cycle")
+
+
+def _todo_size(todo: list[elastic.Segment]) -> int:
+    return sum(elastic.segment_size(s) for s in todo)
+
+
 _MASK = (1 << 64) - 1
 
 
@@ -89,10 +101,12 @@ def epoch_counts(
 class Schedule:
     """The source ids of one epoch of a mix, position by position (see the module's doc)."""
 
-    def __init__(self, counts: Sequence[int], seed: int, epoch: int) -> None:
+    def __init__(self, counts: Sequence[int], seed: int, epoch: int, resumed: int = 0) -> None:
         self.counts = list(counts)
         self.total = sum(counts)
-        digest = hashlib.sha256(f"txstore/mix/{seed}/{epoch}".encode()).digest()
+        # A resumed epoch's rest (``resumed`` times resumed on another topology) has its own.
+        name = f"txstore/mix/{seed}/{epoch}" + (f"/resumed/{resumed}" if resumed else "")
+        digest = hashlib.sha256(name.encode()).digest()
         self._base = int.from_bytes(digest[:8], "little")
 
     def time(self, i: int, j: int) -> float:
@@ -188,7 +202,7 @@ class MixedStreamingDataset(LoaderDataset):
     ``shuffle_window`` say how its own samples are ordered, its ``fields`` and ``transform``
     still apply; its seed, epoch, rank and ``drop_last`` are the mix's. Ranks get equal shares
     as a StreamingDataset's do (``drop_last``). Iterate it through a StreamingDataLoader to
-    resume mid-epoch (``state_dict``).
+    resume mid-epoch (``state_dict``), on the same or another number of workers and ranks.
     """
 
     def __init__(
@@ -233,16 +247,75 @@ class MixedStreamingDataset(LoaderDataset):
         return sum(self.counts)
 
     def __len__(self) -> int:
-        """Samples this rank yields per epoch."""
-        return samples_per_rank(self.samples_per_epoch, self.world_size, self.drop_last)
+        """Samples this rank yields per epoch (or in the rest of a resumed one)."""
+        total = sum(map(_todo_size, self._todos(self.todo)))
+        return samples_per_rank(total, self.world_size, self.drop_last)
 
-    def _worker_range(self, worker: int, num_workers: int) -> tuple[int, int]:
-        """Positions [first, stop) of the epoch's sequence this worker yields; past the end
-        they wrap to its start (the repetition that evens out ranks)."""
-        per_rank = len(self)
-        base, extra = divmod(per_rank, num_workers)
-        first = self.rank * per_rank + worker * base + min(worker, extra)
-        return first, first + base + (1 if worker < extra else 0)
+    def _todos(self, todo: Any) -> list[list[elastic.Segment]]:
+        """What of each source's run the epoch reads (``elastic``): all of it, or the rest
+        of an epoch resumed on another topology."""
+        if todo is None:
+            return [[[0, count]] for count in self.counts]
+        sources: list[list[elastic.Segment]] = todo["sources"]
+        return sources
+
+    def _parts(
+        self, total: int, rank: int, worker: int, workers: int, world: int
+    ) -> Iterator[tuple[int, int, int]]:
+        """(part, start, stop): the positions of the epoch's sequence one worker yields, a
+        part per pass over it (a second only to even out the ranks, repeating the start)."""
+        per_rank = samples_per_rank(total, world, self.drop_last)
+        indices = elastic.worker_range(total, per_rank, rank, worker, workers)
+        position, part = indices.start, 0
+        while total and position < indices.stop:
+            lap_base = position - position % total
+            start, end = position - lap_base, min(indices.stop - lap_base, total)
+            yield part, start, end
+            position, part = lap_base + end, part + 1
+
+    def _part_items(
+        self,
+        todos: list[list[elastic.Segment]],
+        schedule: Schedule,
+        key: str,
+        start: int,
+        stop: int,
+    ) -> tuple[list[int], list[list[elastic.Item]]]:
+        """Where each source's share of positions [start, stop) begins in its todo, and the
+        items that read it."""
+        first, last = schedule.counts_at(start), schedule.counts_at(stop)
+        items = [
+            elastic.worker_items(todos[i], range(first[i], last[i]), f"{key}/{i}")[0]
+            for i in range(len(todos))
+        ]
+        return first, items
+
+    def _read_items(
+        self, i: int, items: list[elastic.Item], skip: int
+    ) -> Generator[Any, None, None]:
+        """Source i's samples of ``items`` but the first ``skip``."""
+        source = self.datasets[i]
+        for item in items:
+            size = item[2] - item[1] if item[0] == "run" else item[6] - item[5]
+            if skip >= size:
+                skip -= size
+                continue
+            if item[0] == "run":
+                yield from source._read(self._source_pieces(i, item[1], item[2]), item[3], skip)
+            else:
+                _, a, b, key, number, lo, hi = item
+                window = source._iterate([self._source_pieces(i, a, b)], key, number, lo + skip)
+                yield from itertools.islice(window, hi - lo - skip)
+            skip = 0
+
+    def _windows(self, i: int, start: int, stop: int) -> list[tuple[int, int]]:
+        """The ranges of source i's run positions that reading [start, stop) shuffles within."""
+        pieces, step, out = self._source_pieces(i, start, stop), self.datasets[i].shuffle_window, []
+        for k in range(0, len(pieces), step):
+            size = sum(p.stop - p.start for p in pieces[k : k + step])
+            out.append((start, start + size))
+            start += size
+        return out
 
     def _source_pieces(self, i: int, start: int, stop: int) -> list[Piece]:
         """Samples [start, stop) of source i's run through the epoch: its epoch order, then
@@ -261,52 +334,87 @@ class MixedStreamingDataset(LoaderDataset):
             out += _pieces(source._sizes, order, lap_start, lap_stop)
         return out
 
+    def _key(self, resumed: int, rank: int, worker: int, part: int) -> str:
+        return f"mix/{self.seed}/{self.epoch}/{resumed}/{rank}/{worker}/{part}"
+
     def __iter__(self) -> Iterator[Any]:
         self._follow_control()
         info = get_worker_info()
         worker, num_workers = (0, 1) if info is None else (info.id, info.num_workers)
-        first, stop = self._worker_range(worker, num_workers)
+        todos = self._todos(self.todo)
+        resumed = 0 if self.todo is None else self.todo["resumed"]
+        schedule = Schedule(list(map(_todo_size, todos)), self.seed, self.epoch, resumed)
         skip = self.skip.get(worker, 0)
-        total = self.samples_per_epoch
-        if total == 0:
-            return
-        schedule = Schedule(self.counts, self.seed, self.epoch)
-        position, part = first, 0
-        while position < stop:  # a part per pass over the sequence (more only to even out)
-            lap_base = position - position % total
-            start, end = position - lap_base, min(stop - lap_base, total)
-            if skip >= end - start:
-                skip -= end - start
-            else:
-                yield from self._part(schedule, worker, part, start, end, skip)
-                skip = 0
-            position, part = lap_base + end, part + 1
+        for part, start, stop in self._parts(
+            schedule.total, self.rank, worker, num_workers, self.world_size
+        ):
+            if skip >= stop - start:
+                skip -= stop - start
+                continue
+            key = self._key(resumed, self.rank, worker, part)
+            yield from self._part(todos, schedule, key, start, stop, skip)
+            skip = 0
 
     def _part(
-        self, schedule: Schedule, worker: int, part: int, start: int, stop: int, skip: int
+        self,
+        todos: list[list[elastic.Segment]],
+        schedule: Schedule,
+        key: str,
+        start: int,
+        stop: int,
+        skip: int,
     ) -> Iterator[Any]:
-        """Positions [start, stop) of the sequence but the first ``skip``: each source's run
+        """Positions [start, stop) of the sequence but the first ``skip``: each source's share
         is read from where the part begins (so that its windows shuffle as they did before a
         resume), its first samples skipped."""
-        first, resumed, last = (
-            schedule.counts_at(start),
-            schedule.counts_at(start + skip),
-            schedule.counts_at(stop),
-        )
-        readers: dict[int, Iterator[Any]] = {}
+        first, items = self._part_items(todos, schedule, key, start, stop)
+        at = schedule.counts_at(start + skip)
+        readers = {i: self._read_items(i, items[i], at[i] - first[i]) for i in range(len(todos))}
         try:
-            for i, source in enumerate(self.datasets):
-                if last[i] > first[i]:
-                    key = f"mix/{self.seed}/{self.epoch}/{self.rank}/{worker}/{part}/{i}"
-                    pieces = self._source_pieces(i, first[i], last[i])
-                    readers[i] = source._read(pieces, key, resumed[i] - first[i])
             for i in schedule.sources(start + skip, stop):
                 yield next(readers[i])
         finally:
             for reader in readers.values():
-                close = getattr(reader, "close", None)
-                if close is not None:
-                    close()
+                reader.close()
+
+    def _unseen(self, state: dict[str, Any]) -> dict[str, Any]:
+        """The rest of the state's epoch: of each source, what no worker of any rank had
+        delivered (``elastic.left``), to be mixed again in the same proportions."""
+        todo, workers, world = state.get("todo"), state["num_workers"], state["world_size"]
+        delivered = {int(k): int(v) for k, v in state["delivered"].items()}
+        saved = self.seed, self.epoch  # the state's order, to find what it delivered
+        self.seed, self.epoch = state["seed"], state["epoch"]
+        try:
+            todos = self._todos(todo)
+            resumed = 0 if todo is None else todo["resumed"]
+            schedule = Schedule(list(map(_todo_size, todos)), self.seed, self.epoch, resumed)
+            rest: list[list[elastic.Segment]] = [[] for _ in todos]
+            for rank in range(world):
+                for worker in range(workers):
+                    done = delivered.get(worker, 0)
+                    parts = self._parts(schedule.total, rank, worker, workers, world)
+                    for part, start, stop in parts:
+                        if part:  # past the end: the padding repeats others' samples
+                            break
+                        key = self._key(resumed, rank, worker, part)
+                        first, items = self._part_items(todos, schedule, key, start, stop)
+                        at = schedule.counts_at(start + min(done, stop - start))
+                        last = schedule.counts_at(stop)
+                        for i in range(len(todos)):
+                            rest[i] += elastic.left(
+                                items[i],
+                                at[i] - first[i],
+                                last[i] - first[i],
+                                functools.partial(self._windows, i),
+                            )
+            # Positions past the ranks' equal shares (drop_last) were read by none.
+            per_rank = samples_per_rank(schedule.total, world, self.drop_last)
+            tail, end = schedule.counts_at(world * per_rank), schedule.counts_at(schedule.total)
+            for i in range(len(todos)):
+                rest[i] += elastic.segments_of(todos[i], tail[i], end[i])
+            return {"sources": [elastic.merged(r) for r in rest], "resumed": resumed + 1}
+        finally:
+            self.seed, self.epoch = saved
 
     def _describe(self) -> dict[str, Any]:
         sources = []

@@ -303,8 +303,9 @@ class _ChunkFetcher:
 
 
 #: Bytes of the shared buffer through which a loader tells its persistent workers what the next
-#: iteration is (JSON): room for the skip counts of many workers.
-CONTROL_BYTES = 1 << 18
+#: iteration is (JSON): room for the skip counts of many workers, and for what is left of an
+#: epoch resumed on another topology (a few segments per worker of the old one).
+CONTROL_BYTES = 1 << 20
 
 
 def _write_control(buffer: torch.Tensor, values: dict[str, Any]) -> None:

@@ -53,6 +53,7 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 _TORCH_NAMES = (
     "StreamingDataset",
     "StreamingDataLoader",
+    "MixedStreamingDataset",
     "TokenStreamingDataset",
     "TokenStreamingDataLoader",
 )
@@ -93,6 +94,7 @@ __all__ = [
     "InvalidArgumentError",
     "Lease",
     "MissingDataError",
+    "MixedStreamingDataset",
     "NotFoundError",
     "Progress",
     "RefChangedError",

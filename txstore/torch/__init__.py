@@ -1,5 +1,5 @@
-"""PyTorch faces of a snapshot: a map- and iterable-style dataset and its loader, and token
-windows for language-model pretraining."""
+"""PyTorch faces of a snapshot: a map- and iterable-style dataset and its loader, a weighted
+mix of datasets, and token windows for language-model pretraining."""
 
 from .dataset import (
     Piece,
@@ -9,9 +9,11 @@ from .dataset import (
     plan_worker,
     samples_per_rank,
 )
+from .mixing import MixedStreamingDataset
 from .tokens import TokenStreamingDataLoader, TokenStreamingDataset
 
 __all__ = [
+    "MixedStreamingDataset",
     "Piece",
     "ResumeMismatchError",
     "StreamingDataLoader",

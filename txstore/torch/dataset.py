@@ -13,12 +13,20 @@ of workers, so every machine and every run agrees):
 
 Resuming: ``StreamingDataLoader`` counts the samples each worker has delivered; a loaded
 ``state_dict`` makes each worker skip exactly those, so nothing repeats and nothing is lost.
+A state taken on another number of workers or ranks resumes with what no worker had delivered
+(``elastic``), split over the new ones.
+
+The loader drives any ``LoaderDataset`` (this module's StreamingDataset, and the weighted mix of
+several in ``mixing``): it starts the next epoch on each new iteration unless ``set_epoch`` was
+called, and tells persistent workers the epoch, rank and samples to skip through a small
+shared-memory buffer, since they keep the copy of the dataset they started with.
 """
 
 from __future__ import annotations
 
 import inspect
 import itertools
+import json
 import operator
 import os
 import random
@@ -48,6 +56,7 @@ from ..format.units import parse_duration, parse_size
 from ..store.cache import ChunkCache
 from ..store.core import open as open_store
 from ..store.snapshot import Fetched, Sample, Snapshot
+from . import elastic
 from .transport import BytesPool, Receiver, pack, unpack
 
 STATE_FORMAT = 1
@@ -293,7 +302,99 @@ class _ChunkFetcher:
             self._cache.close()
 
 
-class StreamingDataset(IterableDataset[Any]):
+#: Bytes of the shared buffer through which a loader tells its persistent workers what the next
+#: iteration is (JSON): room for the skip counts of many workers, and for what is left of an
+#: epoch resumed on another topology (a few segments per worker of the old one).
+CONTROL_BYTES = 1 << 20
+
+
+def _write_control(buffer: torch.Tensor, values: dict[str, Any]) -> None:
+    data = json.dumps(values, sort_keys=True).encode()
+    if 8 + len(data) > buffer.numel():
+        raise ValueError(f"loader state of {len(data)} bytes does not fit its worker buffer")
+    view = buffer.numpy().data
+    view[8 : 8 + len(data)] = data
+    view[0:8] = len(data).to_bytes(8, "little")
+
+
+def _read_control(buffer: torch.Tensor) -> dict[str, Any]:
+    view = buffer.numpy().data
+    size = int.from_bytes(bytes(view[0:8]), "little")
+    values: dict[str, Any] = json.loads(bytes(view[8 : 8 + size]))
+    return values
+
+
+class LoaderDataset(IterableDataset[Any]):
+    """What StreamingDataLoader drives: a dataset whose epoch is a pure function of its seed,
+    epoch, rank, world size and number of workers, and whose workers can skip what was
+    delivered. Subclasses set ``seed``, ``epoch``, ``rank``, ``world_size`` and ``skip``."""
+
+    seed: int
+    epoch: int
+    rank: int
+    world_size: int
+    #: Samples each worker skips at the start of the next iteration (set on resume).
+    skip: dict[int, int]
+    #: What of the epoch the next iteration reads (``elastic``), when it resumes one that
+    #: another topology began; None: the whole epoch.
+    todo: Any = None
+    #: Whether set_epoch was called since the loader last started an iteration.
+    _epoch_chosen: bool = False
+    #: The shared buffer of the persistent-worker loader iterating this dataset, if any.
+    _control: torch.Tensor | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch whose order the next iteration follows (StreamingDataLoader
+        otherwise starts the next epoch on each new iteration)."""
+        self.epoch = _int("epoch", epoch, 0)
+        self._epoch_chosen = True
+
+    def set_distributed(self, rank: int, world_size: int) -> None:
+        """Override the rank and world size (read from torch.distributed by default)."""
+        rank, world_size = _int("rank", rank, 0), _int("world_size", world_size, 1)
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is not in a world of {world_size}")
+        self.rank, self.world_size = rank, world_size
+
+    def _iteration(self) -> dict[str, Any]:
+        """What a worker needs to know of the next iteration besides the dataset itself."""
+        return {
+            "seed": self.seed,
+            "epoch": self.epoch,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "skip": {str(k): v for k, v in self.skip.items()},
+            "todo": self.todo,
+        }
+
+    def _follow_control(self) -> None:
+        """In a persistent worker: take up the iteration its loader has written."""
+        if self._control is None or get_worker_info() is None:
+            return
+        values = _read_control(self._control)
+        self.seed, self.epoch = values["seed"], values["epoch"]
+        self.rank, self.world_size = values["rank"], values["world_size"]
+        self.skip = {int(k): v for k, v in values["skip"].items()}
+        self.todo = values["todo"]
+
+    def _describe(self) -> dict[str, Any]:
+        """What identifies the data and its epoch layout in a loader's state."""
+        raise NotImplementedError
+
+    def _check_resume(self, state: dict[str, Any], allow_other_version: bool) -> None:
+        """Raise ResumeMismatchError unless ``state`` was taken over the same data and layout."""
+        raise NotImplementedError
+
+    def _unseen(self, state: dict[str, Any]) -> Any:
+        """What of the state's epoch no worker had delivered, for another topology to read."""
+        raise ResumeMismatchError(
+            f"cannot resume: the state has world_size={state['world_size']} and "
+            f"num_workers={state['num_workers']}, this loader {self.world_size} and another "
+            f"number of workers; {type(self).__name__} resumes only on the same topology"
+        )
+
+
+class StreamingDataset(LoaderDataset):
     """An iterable (and indexable) torch dataset over one pinned snapshot.
 
     ``source`` is a Snapshot, or a store URI with ``version`` (default: the latest at
@@ -318,7 +419,7 @@ class StreamingDataset(IterableDataset[Any]):
         version: int | str | None = None,
         storage_options: dict[str, Any] | None = None,
         shuffle: bool = False,
-        seed: int = 0,
+        seed: int = 42,
         drop_last: bool = False,
         shuffle_window: int = 2,
         fields: Iterable[str] | None = None,
@@ -380,8 +481,7 @@ class StreamingDataset(IterableDataset[Any]):
         self.rank, self.world_size = _distributed()
         self._chunks = snapshot.chunk_refs()
         self._sizes = [c.num_samples for c in self._chunks]
-        # Samples each worker skips at the start of the next iteration (set on resume).
-        self.skip: dict[int, int] = {}
+        self.skip = {}
         self._pid = os.getpid()
 
     def release_lease(self) -> None:
@@ -393,20 +493,14 @@ class StreamingDataset(IterableDataset[Any]):
         # Workers get the dataset without the lease: only the process that made it renews it.
         return {**self.__dict__, "lease": None}
 
-    def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch whose order the next iteration follows."""
-        self.epoch = _int("epoch", epoch, 0)
-
-    def set_distributed(self, rank: int, world_size: int) -> None:
-        """Override the rank and world size (read from torch.distributed by default)."""
-        rank, world_size = _int("rank", rank, 0), _int("world_size", world_size, 1)
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} is not in a world of {world_size}")
-        self.rank, self.world_size = rank, world_size
-
     def __len__(self) -> int:
-        """Samples this rank yields per epoch."""
-        return samples_per_rank(len(self.snapshot), self.world_size, self.drop_last)
+        """Samples this rank yields per epoch (or in the rest of a resumed one)."""
+        return samples_per_rank(self._todo_size(self.todo), self.world_size, self.drop_last)
+
+    def _todo_size(self, todo: list[list[Any]] | None) -> int:
+        if todo is None:
+            return len(self.snapshot)
+        return sum(elastic.segment_size(s) for s in todo)
 
     def __getitem__(self, index: int) -> Any:
         sample = self._own_snapshot()[index]
@@ -431,20 +525,83 @@ class StreamingDataset(IterableDataset[Any]):
             drop_last=self.drop_last,
         )
 
-    def _window_order(self, worker: int, window: int, n: int) -> list[int]:
+    def _window_order(self, key: str, window: int, n: int) -> list[int]:
         order = list(range(n))
         if self.shuffle:
-            rng = random.Random(
-                f"txstore/window/{self.seed}/{self.epoch}/{self.rank}/{worker}/{window}"
-            )
-            rng.shuffle(order)
+            random.Random(f"txstore/window/{key}/{window}").shuffle(order)
         return order
 
     def __iter__(self) -> Iterator[Any]:
+        self._follow_control()
         info = get_worker_info()
         worker, num_workers = (0, 1) if info is None else (info.id, info.num_workers)
-        pieces = self.pieces(worker, num_workers)
+        items, _ = self._items(self.todo, self.rank, worker, num_workers, self.world_size)
         skip = self.skip.get(worker, 0)
+        for item in items:
+            size = item[2] - item[1] if item[0] == "run" else item[6] - item[5]
+            if skip >= size:
+                skip -= size
+                continue
+            if item[0] == "run":
+                yield from self._read(self._run(item[1], item[2]), item[3], skip)
+            else:
+                _, a, b, key, number, lo, hi = item
+                window = self._iterate([self._run(a, b)], key, number, lo + skip)
+                yield from itertools.islice(window, hi - lo - skip)
+            skip = 0
+
+    def _items(
+        self, todo: list[list[Any]] | None, rank: int, worker: int, workers: int, world: int
+    ) -> tuple[list[list[Any]], int]:
+        """What one worker reads (``elastic.worker_items``): of the whole epoch, its share of
+        the positions in one run, as ``plan_worker`` lays it out."""
+        total = self._todo_size(todo)
+        per_rank = samples_per_rank(total, world, self.drop_last)
+        indices = elastic.worker_range(total, per_rank, rank, worker, workers)
+        key = f"{self.seed}/{self.epoch}/{rank}/{worker}"
+        if total == 0:
+            return [], 0
+        if todo is None:
+            real = max(0, min(indices.stop, total) - indices.start)
+            return [["run", indices.start, indices.stop, key]], real
+        return elastic.worker_items(todo, indices, key)
+
+    def _run(self, start: int, stop: int) -> list[Piece]:
+        """Positions [start, stop) of the epoch's chunk order, as pieces."""
+        order = _chunk_order(self._sizes, self.shuffle, self.seed, self.epoch)
+        return _pieces(self._sizes, order, start, stop)
+
+    def _windows(self, start: int, stop: int) -> list[tuple[int, int]]:
+        """The position ranges of the windows that reading [start, stop) shuffles within."""
+        pieces, step, out = self._run(start, stop), self.shuffle_window, []
+        for i in range(0, len(pieces), step):
+            size = sum(p.stop - p.start for p in pieces[i : i + step])
+            out.append((start, start + size))
+            start += size
+        return out
+
+    def _unseen(self, state: dict[str, Any]) -> list[list[Any]]:
+        todo = state.get("todo")
+        workers, world = state["num_workers"], state["world_size"]
+        total = self._todo_size(todo)
+        saved = self.seed, self.epoch  # the state's order, to find what it delivered
+        self.seed, self.epoch = state["seed"], state["epoch"]
+        try:
+            return elastic.unseen(
+                [[0, total]] if todo is None else todo,
+                per_rank=samples_per_rank(total, world, self.drop_last),
+                world_size=world,
+                workers=workers,
+                delivered={int(k): int(v) for k, v in state["delivered"].items()},
+                items=lambda rank, worker: self._items(todo, rank, worker, workers, world),
+                windows=self._windows,
+            )
+        finally:
+            self.seed, self.epoch = saved
+
+    def _read(self, pieces: list[Piece], key: str, skip: int) -> Iterator[Any]:
+        """The samples of ``pieces`` but the first ``skip``, shuffled (if at all) within
+        windows whose order ``key`` seeds: the same pieces and key give the same order."""
         step = self.shuffle_window
         windows = [pieces[i : i + step] for i in range(0, len(pieces), step)]
         skipped = 0  # windows already delivered whole are not read at all
@@ -453,7 +610,7 @@ class StreamingDataset(IterableDataset[Any]):
         ):
             skip -= size
             skipped += 1
-        yield from self._iterate(windows[skipped:], worker, skipped, skip)
+        return self._iterate(windows[skipped:], key, skipped, skip)
 
     def _own_snapshot(self) -> Snapshot:
         """The snapshot with storage clients and caches of this process's own.
@@ -466,7 +623,7 @@ class StreamingDataset(IterableDataset[Any]):
         return self.snapshot
 
     def _iterate(
-        self, windows: list[list[Piece]], worker: int, first_window: int, skip: int
+        self, windows: list[list[Piece]], key: str, first_window: int, skip: int
     ) -> Iterator[Any]:
         snapshot = self._own_snapshot()
         reader, version, views = snapshot.reader, snapshot.version, snapshot.is_zero_copy
@@ -507,7 +664,7 @@ class StreamingDataset(IterableDataset[Any]):
                     )
                     del fetched
                     fetcher.release(chunk)
-                order = self._window_order(worker, number, len(samples))
+                order = self._window_order(key, number, len(samples))
                 if skip:
                     order, skip = order[skip:], 0
                 if transform is None:
@@ -522,6 +679,47 @@ class StreamingDataset(IterableDataset[Any]):
 
     def clear_cache(self) -> None:
         shutil.rmtree(self._cache_dir(), ignore_errors=True)
+
+    def _describe(self) -> dict[str, Any]:
+        uri, version, commit_id = self.snapshot.identity
+        return {
+            "store": uri,
+            "version": version,
+            "commit_id": commit_id,
+            "shuffle": self.shuffle,
+            "drop_last": self.drop_last,
+            "shuffle_window": self.shuffle_window,
+        }
+
+    def _check_resume(self, state: dict[str, Any], allow_other_version: bool) -> None:
+        if "mix" in state:
+            raise ResumeMismatchError(
+                "the state is a MixedStreamingDataset's; this loader reads one StreamingDataset"
+            )
+        _, version, commit_id = self.snapshot.identity
+        if (state["version"], state["commit_id"]) != (version, commit_id) and not (
+            allow_other_version
+        ):
+            raise ResumeMismatchError(
+                f"the state is from version {state['version']} (commit {state['commit_id']}) "
+                f"of {state['store']}; this dataset reads version {version} (commit "
+                f"{commit_id}). Pass allow_other_version=True to resume anyway"
+            )
+        layout = {
+            "shuffle": self.shuffle,
+            "drop_last": self.drop_last,
+            "shuffle_window": self.shuffle_window,
+        }
+        _check_layout(state, layout)
+
+
+def _check_layout(state: dict[str, Any], layout: dict[str, Any]) -> None:
+    for key, value in layout.items():
+        if state.get(key) != value:
+            raise ResumeMismatchError(
+                f"cannot resume: the state has {key}={state.get(key)!r}, this loader "
+                f"{value!r}; the same samples would not be skipped"
+            )
 
 
 class _CountingCollate:
@@ -571,10 +769,6 @@ def _check_loader_args(given: dict[str, Any]) -> None:
     for name in ("pin_memory", "drop_last", "persistent_workers", "in_order"):
         if name in given:
             _bool(name, given[name])
-    if given.get("persistent_workers"):
-        # Persistent workers keep the dataset they started with: they would miss
-        # set_epoch() and a loaded state, breaking the epoch order and resumption.
-        raise ValueError("StreamingDataLoader does not support persistent_workers=True")
     if given.get("batch_size") is not None:
         _int("batch_size", given["batch_size"], 1)
     if "num_workers" in given:
@@ -589,17 +783,25 @@ def _check_loader_args(given: dict[str, Any]) -> None:
 
 
 class StreamingDataLoader(DataLoader[Any]):
-    """A DataLoader over a StreamingDataset that can save and resume its place mid-epoch."""
+    """A DataLoader over a StreamingDataset (or a MixedStreamingDataset) that can save and
+    resume its place mid-epoch.
+
+    Each new iteration starts the next epoch (the first one starts at the dataset's), unless
+    ``set_epoch`` or ``load_state_dict`` chose one since. ``persistent_workers=True`` keeps the
+    workers between epochs; they follow the epoch and a loaded state all the same.
+    """
 
     def __init__(
         self,
-        dataset: StreamingDataset,
+        dataset: LoaderDataset,
         *args: Any,
         collate_fn: Callable[[Any], Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        if not isinstance(dataset, StreamingDataset):
-            raise TypeError("StreamingDataLoader needs a StreamingDataset")
+        if not isinstance(dataset, LoaderDataset):
+            raise TypeError(
+                "StreamingDataLoader needs a StreamingDataset or a MixedStreamingDataset"
+            )
         try:
             given = _LOADER_ARGS.bind(dataset, *args, collate_fn=collate_fn, **kwargs).arguments
         except TypeError as e:
@@ -611,7 +813,21 @@ class StreamingDataLoader(DataLoader[Any]):
         super().__init__(dataset, *args, **kwargs)
         self.streaming_dataset = dataset
         self._delivered: dict[int, int] = {}
-        self._pending: dict[int, int] | None = None
+        # A loaded state, for the next iteration: what of its epoch to read, and the samples
+        # each worker skips of it.
+        self._pending: tuple[list[list[Any]] | None, dict[int, int]] | None = None
+        self._started = False  # whether an iteration has begun (the next starts a new epoch)
+        self._finished = False  # whether the last iteration ran to the end of its epoch
+        persistent = self.persistent_workers and self.num_workers > 0
+        # Persistent workers keep the dataset copy they started with: the epoch, rank and
+        # samples to skip reach them through this buffer, written before each iteration.
+        self._control: torch.Tensor | None = None
+        if persistent:
+            self._control = torch.zeros(CONTROL_BYTES, dtype=torch.uint8)
+            self._control.share_memory_()  # type: ignore[no-untyped-call]
+        # The workers' shared batch buffers live as long as the workers: a receiver per
+        # iteration, or one for the loader when the workers persist.
+        self._receiver = Receiver() if persistent else None
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         dataset = self.streaming_dataset
@@ -620,77 +836,72 @@ class StreamingDataLoader(DataLoader[Any]):
             if dist.is_available() and dist.is_initialized()
             else (dataset.rank, dataset.world_size)
         )
-        self._delivered = dict(self._pending or {})
+        if self._started and self._pending is None and not dataset._epoch_chosen:
+            dataset.epoch += 1
+        dataset._epoch_chosen = False
+        self._started, self._finished = True, False
+        dataset.todo, self._delivered = self._pending or (None, {})
         dataset.skip = dict(self._delivered)
         self._pending = None
+        dataset._control = self._control
+        if self._control is not None:
+            _write_control(self._control, dataset._iteration())
         try:
             shipped, pin = self.num_workers > 0, self.pin_memory and _can_pin()
-            receiver = Receiver()  # this epoch's workers' buffers
+            receiver = self._receiver or Receiver()
             for worker, count, batch in super().__iter__():
                 self._delivered[worker] = self._delivered.get(worker, 0) + count
                 yield unpack(batch, pin, receiver) if shipped else batch
         finally:
             dataset.skip = {}
-        self._delivered = {}  # a finished epoch resumes at the start of the next
+        # A finished epoch resumes at the start of the next.
+        self._delivered, dataset.todo, self._finished = {}, None, True
 
     def state_dict(self) -> dict[str, Any]:
         """Where this loader stands: the snapshot, the epoch's layout, samples per worker."""
         ds = self.streaming_dataset
-        uri, version, commit_id = ds.snapshot.identity
+        epoch = ds.epoch + 1 if self._finished and not ds._epoch_chosen else ds.epoch
         return {
             "format": STATE_FORMAT,
-            "store": uri,
-            "version": version,
-            "commit_id": commit_id,
+            **ds._describe(),
             "seed": ds.seed,
-            "epoch": ds.epoch,
-            "shuffle": ds.shuffle,
-            "drop_last": ds.drop_last,
-            "shuffle_window": ds.shuffle_window,
+            "epoch": epoch,
             "world_size": ds.world_size,
             "rank": ds.rank,
             "num_workers": max(1, self.num_workers),
             "delivered": {str(k): v for k, v in sorted(self._delivered.items())},
+            # What of the epoch this loader reads, when it resumed one begun on another
+            # topology (None: all of it).
+            "todo": ds.todo,
         }
 
     def load_state_dict(self, state: dict[str, Any], *, allow_other_version: bool = False) -> None:
         """Resume from ``state`` at the next iteration.
 
         Refuses a state from another snapshot unless ``allow_other_version`` (the samples then
-        differ from what was trained on), and one whose epoch layout differs (workers, ranks,
-        shuffle settings), since the skipped samples would not be the ones delivered.
+        differ from what was trained on), and one whose epoch layout differs (shuffle
+        settings, drop_last), since the skipped samples would not be the ones delivered. A
+        state resumes on another number of workers or ranks too: the rest
+        of the epoch is then what no worker of any rank had delivered (ranks deliver in
+        lockstep, so any rank's state tells), split over the new ones.
         """
         ds = self.streaming_dataset
         if state.get("format") != STATE_FORMAT:
             raise ResumeMismatchError(f"unknown loader state format {state.get('format')!r}")
-        _, version, commit_id = ds.snapshot.identity
-        if (state["version"], state["commit_id"]) != (version, commit_id) and not (
-            allow_other_version
-        ):
-            raise ResumeMismatchError(
-                f"the state is from version {state['version']} (commit {state['commit_id']}) "
-                f"of {state['store']}; this dataset reads version {version} (commit "
-                f"{commit_id}). Pass allow_other_version=True to resume anyway"
-            )
-        layout = {
-            "shuffle": ds.shuffle,
-            "drop_last": ds.drop_last,
-            "shuffle_window": ds.shuffle_window,
-            "world_size": ds.world_size,
-            "num_workers": max(1, self.num_workers),
-        }
-        for key, value in layout.items():
-            if state[key] != value:
-                raise ResumeMismatchError(
-                    f"cannot resume: the state has {key}={state[key]!r}, this loader "
-                    f"{value!r}; the same samples would not be skipped"
-                )
+        ds._check_resume(state, allow_other_version)
+        delivered = {int(k): int(v) for k, v in state["delivered"].items()}
+        if (state["world_size"], state["num_workers"]) == (ds.world_size, max(1, self.num_workers)):
+            pending = state.get("todo"), delivered
+        else:
+            pending = ds._unseen(state), {}
+            ds.todo = pending[0]  # len() tells the resumed epoch's length before it starts
         ds.seed = state["seed"]
         ds.set_epoch(state["epoch"])
-        self._pending = {int(k): int(v) for k, v in state["delivered"].items()}
+        self._pending = pending
 
 
 __all__ = [
+    "LoaderDataset",
     "Piece",
     "ResumeMismatchError",
     "StreamingDataLoader",

@@ -169,3 +169,26 @@ def test_a_state_taken_after_an_epoch_resumes_at_the_next(tmp_path: Path) -> Non
     )
     resumed.load_state_dict(state)
     assert _ids(resumed) == _epoch_order(snap, 1) == _ids(loader)
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("stop_after", [3, 4])  # after worker 0's batch, and after worker 1's
+def test_a_resumed_epoch_gives_the_batches_of_an_uninterrupted_one_in_order(
+    tmp_path: Path, persistent: bool, stop_after: int
+) -> None:
+    snap = _store(str(tmp_path / "st"), n=400).snapshot()
+
+    def loader() -> StreamingDataLoader:
+        ds = StreamingDataset(snap, shuffle=True, seed=5)
+        return StreamingDataLoader(ds, batch_size=16, num_workers=2,
+                                   persistent_workers=persistent)  # fmt: skip
+
+    whole = _ids(loader())
+    first = loader()
+    it = iter(first)
+    before = [i for _ in range(stop_after) for i in next(it)["id"].tolist()]
+    state = json.loads(json.dumps(first.state_dict()))
+    del it
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert before + _ids(resumed) == whole

@@ -324,6 +324,16 @@ def _read_control(buffer: torch.Tensor) -> dict[str, Any]:
     return values
 
 
+def worker_share() -> tuple[int, int]:
+    """(the worker share this DataLoader worker reads, the number of workers), turned by its
+    dataset's ``rotation``; (0, 1) outside a worker."""
+    info = get_worker_info()
+    if info is None:
+        return 0, 1
+    rotation = getattr(info.dataset, "rotation", 0)
+    return (info.id + rotation) % info.num_workers, info.num_workers
+
+
 class LoaderDataset(IterableDataset[Any]):
     """What StreamingDataLoader drives: a dataset whose epoch is a pure function of its seed,
     epoch, rank, world size and number of workers, and whose workers can skip what was
@@ -338,6 +348,10 @@ class LoaderDataset(IterableDataset[Any]):
     #: What of the epoch the next iteration reads (``elastic``), when it resumes one that
     #: another topology began; None: the whole epoch.
     todo: Any = None
+    #: The worker whose share DataLoader worker 0 reads (the others follow in turn): a
+    #: resumed iteration starts at the worker whose batch came next, since the DataLoader
+    #: always asks worker 0 first, so that batches come in the order of an uninterrupted run.
+    rotation: int = 0
     #: Whether set_epoch was called since the loader last started an iteration.
     _epoch_chosen: bool = False
     #: The shared buffer of the persistent-worker loader iterating this dataset, if any.
@@ -365,6 +379,7 @@ class LoaderDataset(IterableDataset[Any]):
             "world_size": self.world_size,
             "skip": {str(k): v for k, v in self.skip.items()},
             "todo": self.todo,
+            "rotation": self.rotation,
         }
 
     def _follow_control(self) -> None:
@@ -376,6 +391,7 @@ class LoaderDataset(IterableDataset[Any]):
         self.rank, self.world_size = values["rank"], values["world_size"]
         self.skip = {int(k): v for k, v in values["skip"].items()}
         self.todo = values["todo"]
+        self.rotation = values["rotation"]
 
     def _describe(self) -> dict[str, Any]:
         """What identifies the data and its epoch layout in a loader's state."""
@@ -533,8 +549,7 @@ class StreamingDataset(LoaderDataset):
 
     def __iter__(self) -> Iterator[Any]:
         self._follow_control()
-        info = get_worker_info()
-        worker, num_workers = (0, 1) if info is None else (info.id, info.num_workers)
+        worker, num_workers = worker_share()
         items, _ = self._items(self.todo, self.rank, worker, num_workers, self.world_size)
         skip = self.skip.get(worker, 0)
         for item in items:
@@ -739,7 +754,7 @@ class _CountingCollate:
             return 0, count, self.collate(batch)
         if self.pool is None:
             self.pool = BytesPool()
-        return info.id, count, pack(self.collate(batch), self.pool)
+        return worker_share()[0], count, pack(self.collate(batch), self.pool)
 
 
 def _can_pin() -> bool:
@@ -816,6 +831,8 @@ class StreamingDataLoader(DataLoader[Any]):
         # A loaded state, for the next iteration: what of its epoch to read, and the samples
         # each worker skips of it.
         self._pending: tuple[list[list[Any]] | None, dict[int, int]] | None = None
+        self._next_worker = 0  # the worker whose batch comes next this epoch
+        self._pending_next = 0  # that worker, in a loaded state
         self._started = False  # whether an iteration has begun (the next starts a new epoch)
         self._finished = False  # whether the last iteration ran to the end of its epoch
         persistent = self.persistent_workers and self.num_workers > 0
@@ -842,7 +859,10 @@ class StreamingDataLoader(DataLoader[Any]):
         self._started, self._finished = True, False
         dataset.todo, self._delivered = self._pending or (None, {})
         dataset.skip = dict(self._delivered)
-        self._pending = None
+        workers = max(1, self.num_workers)
+        first = self._pending_next if self._pending else 0
+        dataset.rotation = self._next_worker = first % workers
+        self._pending, self._pending_next = None, 0
         dataset._control = self._control
         if self._control is not None:
             _write_control(self._control, dataset._iteration())
@@ -851,9 +871,10 @@ class StreamingDataLoader(DataLoader[Any]):
             receiver = self._receiver or Receiver()
             for worker, count, batch in super().__iter__():
                 self._delivered[worker] = self._delivered.get(worker, 0) + count
+                self._next_worker = (worker + 1) % workers
                 yield unpack(batch, pin, receiver) if shipped else batch
         finally:
-            dataset.skip = {}
+            dataset.skip, dataset.rotation = {}, 0
         # A finished epoch resumes at the start of the next.
         self._delivered, dataset.todo, self._finished = {}, None, True
 
@@ -870,6 +891,7 @@ class StreamingDataLoader(DataLoader[Any]):
             "rank": ds.rank,
             "num_workers": max(1, self.num_workers),
             "delivered": {str(k): v for k, v in sorted(self._delivered.items())},
+            "next_worker": self._next_worker if self._delivered else 0,
             # What of the epoch this loader reads, when it resumed one begun on another
             # topology (None: all of it).
             "todo": ds.todo,
@@ -890,8 +912,10 @@ class StreamingDataLoader(DataLoader[Any]):
             raise ResumeMismatchError(f"unknown loader state format {state.get('format')!r}")
         ds._check_resume(state, allow_other_version)
         delivered = {int(k): int(v) for k, v in state["delivered"].items()}
+        self._pending_next = 0
         if (state["world_size"], state["num_workers"]) == (ds.world_size, max(1, self.num_workers)):
             pending = state.get("todo"), delivered
+            self._pending_next = _int("next_worker", state.get("next_worker", 0), 0)
         else:
             pending = ds._unseen(state), {}
             ds.todo = pending[0]  # len() tells the resumed epoch's length before it starts

@@ -30,8 +30,6 @@ import random
 from collections.abc import Generator, Iterator, Sequence
 from typing import Any
 
-from torch.utils.data import get_worker_info
-
 from ..errors import ResumeMismatchError
 from . import elastic
 from .dataset import (
@@ -44,6 +42,7 @@ from .dataset import (
     _int,
     _pieces,
     samples_per_rank,
+    worker_share,
 )
 
 MODES = ("stop", "cycle")
@@ -339,8 +338,7 @@ class MixedStreamingDataset(LoaderDataset):
 
     def __iter__(self) -> Iterator[Any]:
         self._follow_control()
-        info = get_worker_info()
-        worker, num_workers = (0, 1) if info is None else (info.id, info.num_workers)
+        worker, num_workers = worker_share()
         todos = self._todos(self.todo)
         resumed = 0 if self.todo is None else self.todo["resumed"]
         schedule = Schedule(list(map(_todo_size, todos)), self.seed, self.epoch, resumed)

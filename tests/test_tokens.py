@@ -155,9 +155,9 @@ def test_resume_mid_epoch_repeats_and_skips_nothing(
 ) -> None:
     block = 37
 
-    def loader() -> TokenStreamingDataLoader:
+    def loader(epoch: int = 2) -> TokenStreamingDataLoader:
         ds = TokenStreamingDataset(store.snapshot(), block_size=block, shuffle=shuffle, seed=4)
-        ds.set_epoch(2)
+        ds.set_epoch(epoch)
         return TokenStreamingDataLoader(ds, batch_size=8, num_workers=workers)
 
     full = _window_ids(loader(), block)
@@ -173,9 +173,8 @@ def test_resume_mid_epoch_repeats_and_skips_nothing(
     resumed.load_state_dict(state)
     rest = _window_ids(resumed, block)
     assert sorted(seen + rest) == list(range(len(full)))  # none repeated, none skipped
-    if workers == 0:  # (with workers, the resumed loader asks them in turn from the first)
-        assert seen + rest == full
-    assert _window_ids(resumed, block) == full  # the next iteration starts the epoch over
+    assert seen + rest == full  # in the uninterrupted order, with workers too
+    assert _window_ids(resumed, block) == _window_ids(loader(3), block)  # then the next epoch
 
 
 def test_resume_refuses_other_windows_or_layout(store: txstore.Store) -> None:
@@ -256,7 +255,7 @@ def test_bad_arguments_are_named(store: txstore.Store, kwargs: dict[str, Any], n
 
 def test_the_loader_refuses_what_would_break_the_order(store: txstore.Store) -> None:
     ds = TokenStreamingDataset(store.snapshot(), block_size=37)
-    for kwargs in ({"shuffle": True}, {"persistent_workers": True, "num_workers": 1}):
+    for kwargs in ({"shuffle": True}, {"sampler": [0, 1]}, {"batch_size": 0}):
         with pytest.raises(txstore.InvalidArgumentError):
             TokenStreamingDataLoader(ds, **kwargs)
     with pytest.raises(txstore.InvalidArgumentError, match="TokenStreamingDataset"):
@@ -300,3 +299,19 @@ def test_windows_are_shuffled_within_a_chunk(tmp_path: Path, arrays: list[Any]) 
     first = order(0)
     assert sorted(first) == list(range(len(first))) and first != sorted(first)
     assert order(1) != first and order(0) == first
+
+
+def test_persistent_workers_give_each_epoch_its_own_order(store: txstore.Store) -> None:
+    block = 37
+    ds = TokenStreamingDataset(store.snapshot(), block_size=block, shuffle=True)
+    loader = TokenStreamingDataLoader(ds, batch_size=8, num_workers=2, persistent_workers=True)
+    epochs = [_window_ids(loader, block) for _ in range(2)]
+
+    def fresh(epoch: int) -> list[int]:
+        other = TokenStreamingDataset(store.snapshot(), block_size=block, shuffle=True)
+        other.set_epoch(epoch)
+        return _window_ids(TokenStreamingDataLoader(other, batch_size=8, num_workers=2), block)
+
+    assert epochs == [fresh(0), fresh(1)]
+    assert epochs[0] != epochs[1] and sorted(epochs[0]) == sorted(epochs[1])
+    assert ds.seed == 42  # LitData's default

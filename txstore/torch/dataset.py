@@ -823,7 +823,7 @@ class StreamingDataLoader(DataLoader[Any]):
             raise TypeError(f"StreamingDataLoader: {e}") from None
         _check_loader_args(given)
         batched = given.get("batch_size", 1) is not None
-        collate = collate_fn or (default_collate if batched else default_convert)
+        collate = collate_fn or self.default_collate(batched)
         kwargs["collate_fn"] = _CountingCollate(collate)
         super().__init__(dataset, *args, **kwargs)
         self.streaming_dataset = dataset
@@ -845,6 +845,10 @@ class StreamingDataLoader(DataLoader[Any]):
         # The workers' shared batch buffers live as long as the workers: a receiver per
         # iteration, or one for the loader when the workers persist.
         self._receiver = Receiver() if persistent else None
+
+    def default_collate(self, batched: bool) -> Callable[[Any], Any]:
+        """The collate function used when none is given."""
+        return default_collate if batched else default_convert
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         dataset = self.streaming_dataset

@@ -22,7 +22,6 @@ from the next chunks one by one, not those chunks whole.
 
 from __future__ import annotations
 
-import inspect
 import itertools
 import operator
 import os
@@ -33,12 +32,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import (
-    DataLoader,
-    IterableDataset,
-    default_convert,
-    get_worker_info,
-)
+from torch.utils.data import default_convert
 
 from ..errors import CorruptError, FieldTypeError, InvalidArgumentError, ResumeMismatchError
 from ..format.manifest import ChunkRef
@@ -46,17 +40,16 @@ from ..format.units import parse_size
 from ..store.core import open as open_store
 from ..store.snapshot import Fetched, Snapshot, map_threads
 from .dataset import (
+    LoaderDataset,
     Piece,
-    _can_pin,
+    StreamingDataLoader,
     _ChunkFetcher,
-    _CountingCollate,
     _distributed,
     plan_worker,
+    worker_share,
 )
 from .dataset import samples_per_rank as windows_per_rank
-from .transport import Receiver, unpack
 
-TOKENS_STATE_FORMAT = 1
 #: Chunks whose token counts are read at once when a dataset is made (remote reads wait on
 #: I/O; local ones decompress and decode, in part outside the GIL).
 _COUNT_THREADS = 4
@@ -102,7 +95,7 @@ class _Counted:
         self.bad: tuple[int, str] | None = None
 
 
-class TokenStreamingDataset(IterableDataset[torch.Tensor]):
+class TokenStreamingDataset(LoaderDataset):
     """Windows of ``block_size`` tokens over the concatenated token arrays of ``field``.
 
     ``source`` is a Snapshot, or a store URI with ``version`` (default: the latest at
@@ -132,7 +125,7 @@ class TokenStreamingDataset(IterableDataset[torch.Tensor]):
         version: int | str | None = None,
         storage_options: dict[str, Any] | None = None,
         shuffle: bool = False,
-        seed: int = 0,
+        seed: int = 42,
         drop_last: bool = False,
         shuffle_window: int = 2,
         cache_dir: str | os.PathLike[str] | None = None,
@@ -304,8 +297,9 @@ class TokenStreamingDataset(IterableDataset[torch.Tensor]):
     # -- the epoch's layout ------------------------------------------------------------------
 
     def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch whose order the next iteration follows."""
-        self.epoch = _whole("epoch", epoch, 0)
+        """Choose the epoch whose order the next iteration follows (the loader otherwise
+        starts the next epoch on each new iteration)."""
+        super().set_epoch(_whole("epoch", epoch, 0))
 
     def set_distributed(self, rank: int, world_size: int) -> None:
         """Override the rank and world size (read from torch.distributed by default)."""
@@ -343,6 +337,42 @@ class TokenStreamingDataset(IterableDataset[torch.Tensor]):
             )
             rng.shuffle(order)
         return order
+
+    # -- resuming (StreamingDataLoader) -------------------------------------------------------
+
+    def _describe(self) -> dict[str, Any]:
+        uri, version, commit_id = self.snapshot.identity
+        return {
+            "store": uri,
+            "version": version,
+            "commit_id": commit_id,
+            "field": self.field,
+            "block_size": self.block_size,
+            "shuffle": self.shuffle,
+            "drop_last": self.drop_last,
+            "shuffle_window": self.shuffle_window,
+        }
+
+    def _check_resume(self, state: dict[str, Any], allow_other_version: bool) -> None:
+        """Refuse a state of another snapshot (unless ``allow_other_version``) or of other
+        windows (field, block size) or shuffle settings: the windows skipped would not be
+        those delivered."""
+        mine = self._describe()
+        if (state.get("version"), state.get("commit_id")) != (
+            mine["version"],
+            mine["commit_id"],
+        ) and not allow_other_version:
+            raise ResumeMismatchError(
+                f"the state is from version {state.get('version')} (commit "
+                f"{state.get('commit_id')}) of {state.get('store')}; this dataset reads "
+                f"version {mine['version']} (commit {mine['commit_id']}) of {mine['store']}"
+            )
+        for key in ("field", "block_size", "shuffle", "drop_last", "shuffle_window"):
+            if state.get(key) != mine[key]:
+                raise ResumeMismatchError(
+                    f"cannot resume: the state has {key}={state.get(key)!r}, this loader "
+                    f"{mine[key]!r}; the same windows would not be skipped"
+                )
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -390,8 +420,8 @@ class TokenStreamingDataset(IterableDataset[torch.Tensor]):
         return torch.from_numpy(flat[offset : offset + self.block_size].copy())
 
     def __iter__(self) -> Iterator[torch.Tensor]:
-        info = get_worker_info()
-        worker, num_workers = (0, 1) if info is None else (info.id, info.num_workers)
+        self._follow_control()
+        worker, num_workers = worker_share()
         pieces = self.pieces(worker, num_workers)
         skip = self.skip.get(worker, 0)
         step = self.shuffle_window if self.shuffle else 1
@@ -501,32 +531,6 @@ def _cut(
         )
 
 
-#: DataLoader's arguments, to check those given to a TokenStreamingDataLoader by name.
-_LOADER_ARGS = inspect.signature(DataLoader.__init__).replace(
-    parameters=list(inspect.signature(DataLoader.__init__).parameters.values())[1:]
-)
-
-
-def _check_loader_args(given: dict[str, Any]) -> None:
-    """Check what DataLoader leaves to fail later (in its workers, or at the first batch)."""
-    if given.get("shuffle") not in (None, False):
-        raise InvalidArgumentError(
-            "TokenStreamingDataLoader does not shuffle: pass shuffle=True to the "
-            "TokenStreamingDataset (set_epoch for a new order)"
-        )
-    for name in ("sampler", "batch_sampler"):
-        if given.get(name) is not None:
-            raise InvalidArgumentError(
-                f"TokenStreamingDataLoader takes no {name}: the dataset orders itself"
-            )
-    if given.get("persistent_workers"):
-        # Persistent workers keep the dataset they started with: they would miss
-        # set_epoch() and a loaded state.
-        raise InvalidArgumentError(
-            "TokenStreamingDataLoader does not support persistent_workers=True"
-        )
-
-
 def _stack(windows: list[torch.Tensor]) -> torch.Tensor:
     """The default collate for windows (all of one length): ``default_collate`` stacks them
     into a new shared-memory segment in a worker, which a batch this small then leaves to
@@ -534,8 +538,10 @@ def _stack(windows: list[torch.Tensor]) -> torch.Tensor:
     return torch.stack(windows)
 
 
-class TokenStreamingDataLoader(DataLoader[Any]):
-    """A DataLoader over a TokenStreamingDataset that saves and resumes its place mid-epoch."""
+class TokenStreamingDataLoader(StreamingDataLoader):
+    """``StreamingDataLoader`` over a TokenStreamingDataset: saves and resumes its place
+    mid-epoch, starts the next epoch on each new iteration, keeps persistent workers; its
+    batches are windows stacked into one tensor."""
 
     def __init__(
         self,
@@ -549,94 +555,12 @@ class TokenStreamingDataLoader(DataLoader[Any]):
                 f"TokenStreamingDataLoader needs a TokenStreamingDataset, not {dataset!r}"
             )
         try:
-            given = _LOADER_ARGS.bind(dataset, *args, collate_fn=collate_fn, **kwargs).arguments
-        except TypeError as e:
+            super().__init__(dataset, *args, collate_fn=collate_fn, **kwargs)
+        except (TypeError, ValueError) as e:
             raise InvalidArgumentError(f"TokenStreamingDataLoader: {e}") from None
-        _check_loader_args(given)
-        batched = given.get("batch_size", 1) is not None
-        collate = collate_fn or (_stack if batched else default_convert)
-        kwargs["collate_fn"] = _CountingCollate(collate)
-        super().__init__(dataset, *args, **kwargs)
-        self.token_dataset = dataset
-        self._delivered: dict[int, int] = {}
-        self._pending: dict[int, int] | None = None
 
-    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
-        dataset = self.token_dataset
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            dataset.rank, dataset.world_size = _distributed()
-        self._delivered = dict(self._pending or {})
-        dataset.skip = dict(self._delivered)
-        self._pending = None
-        try:
-            shipped, pin = self.num_workers > 0, self.pin_memory and _can_pin()
-            receiver = Receiver()  # this epoch's workers' buffers
-            for worker, count, batch in super().__iter__():
-                self._delivered[worker] = self._delivered.get(worker, 0) + count
-                yield unpack(batch, pin, receiver) if shipped else batch
-        finally:
-            dataset.skip = {}
-        self._delivered = {}  # a finished epoch resumes at the start of the next
-
-    def state_dict(self) -> dict[str, Any]:
-        """Where this loader stands: the snapshot, the windows, the epoch's layout, and the
-        windows each worker has delivered."""
-        ds = self.token_dataset
-        uri, version, commit_id = ds.snapshot.identity
-        return {
-            "format": TOKENS_STATE_FORMAT,
-            "store": uri,
-            "version": version,
-            "commit_id": commit_id,
-            "field": ds.field,
-            "block_size": ds.block_size,
-            "seed": ds.seed,
-            "epoch": ds.epoch,
-            "shuffle": ds.shuffle,
-            "drop_last": ds.drop_last,
-            "shuffle_window": ds.shuffle_window,
-            "world_size": ds.world_size,
-            "rank": ds.rank,
-            "num_workers": max(1, self.num_workers),
-            "delivered": {str(k): v for k, v in sorted(self._delivered.items())},
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from ``state`` at the next iteration. Refuses (``ResumeMismatchError``) a
-        state of another snapshot, other windows (field, block size) or another layout of
-        the epoch (workers, ranks, shuffle settings): the windows skipped would not be
-        those delivered."""
-        ds = self.token_dataset
-        if not isinstance(state, dict) or state.get("format") != TOKENS_STATE_FORMAT:
-            raise ResumeMismatchError(
-                "not a TokenStreamingDataLoader state (format "
-                f"{state.get('format') if isinstance(state, dict) else state!r})"
-            )
-        uri, version, commit_id = ds.snapshot.identity
-        if (state.get("version"), state.get("commit_id")) != (version, commit_id):
-            raise ResumeMismatchError(
-                f"the state is from version {state.get('version')} (commit "
-                f"{state.get('commit_id')}) of {state.get('store')}; this dataset reads "
-                f"version {version} (commit {commit_id}) of {uri}"
-            )
-        layout = {
-            "field": ds.field,
-            "block_size": ds.block_size,
-            "shuffle": ds.shuffle,
-            "drop_last": ds.drop_last,
-            "shuffle_window": ds.shuffle_window,
-            "world_size": ds.world_size,
-            "num_workers": max(1, self.num_workers),
-        }
-        for key, value in layout.items():
-            if state.get(key) != value:
-                raise ResumeMismatchError(
-                    f"cannot resume: the state has {key}={state.get(key)!r}, this loader "
-                    f"{value!r}; the same windows would not be skipped"
-                )
-        ds.seed = state["seed"]
-        ds.set_epoch(state["epoch"])
-        self._pending = {int(k): int(v) for k, v in state["delivered"].items()}
+    def default_collate(self, batched: bool) -> Callable[[Any], Any]:
+        return _stack if batched else default_convert
 
 
 __all__ = ["TokenStreamingDataLoader", "TokenStreamingDataset"]

@@ -921,7 +921,8 @@ def remote_section(report: Report, plots: Plots) -> str:
     total = f", all connections together {st['total_mbps']:g} MB/s" if st["total_mbps"] else ""
     parts = [
         "## Streaming from an object store\n",
-        f"`bench_remote.py`: a local S3 server (moto) behind a shaping proxy that adds "
+        f"`bench_remote.py`: a local S3 server ({st.get('server', 'moto')}) behind a shaping "
+        "proxy that adds "
         f"{st['latency_ms']:g} ms to the first byte of every answer and caps each connection at "
         f"{st['conn_mbps']:g} MB/s{total}, counting requests and bytes. Each system wrote "
         f"{described} to its own prefix (its default 64 MiB chunks); every measurement is a "

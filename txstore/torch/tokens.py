@@ -26,7 +26,6 @@ import itertools
 import operator
 import os
 import random
-import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -34,18 +33,17 @@ import numpy as np
 import torch
 from torch.utils.data import default_convert
 
-from ..errors import CorruptError, FieldTypeError, InvalidArgumentError, ResumeMismatchError
+from ..errors import CorruptError, FieldTypeError, InvalidArgumentError
 from ..format.manifest import ChunkRef
 from ..format.units import parse_size
 from ..store.core import open as open_store
 from ..store.snapshot import Fetched, Snapshot, map_threads
 from .dataset import (
-    LoaderDataset,
     Piece,
+    SnapshotDataset,
     StreamingDataLoader,
     _ChunkFetcher,
     _distributed,
-    plan_worker,
     worker_share,
 )
 from .dataset import samples_per_rank as windows_per_rank
@@ -95,7 +93,7 @@ class _Counted:
         self.bad: tuple[int, str] | None = None
 
 
-class TokenStreamingDataset(LoaderDataset):
+class TokenStreamingDataset(SnapshotDataset):
     """Windows of ``block_size`` tokens over the concatenated token arrays of ``field``.
 
     ``source`` is a Snapshot, or a store URI with ``version`` (default: the latest at
@@ -186,7 +184,7 @@ class TokenStreamingDataset(LoaderDataset):
         chunk_tokens = self._token_starts[self._chunk_starts]
         first = np.minimum(-(-chunk_tokens // block_size), self.num_windows)
         self._first_window = first
-        self._group_sizes = [int(n) for n in np.diff(first)]
+        self._sizes = [int(n) for n in np.diff(first)]
         # Windows each worker skips at the start of the next iteration (set on resume).
         self.skip: dict[int, int] = {}
         self._pid = os.getpid()
@@ -314,21 +312,6 @@ class TokenStreamingDataset(LoaderDataset):
             return 0
         return windows_per_rank(self.num_windows, self.world_size, self.drop_last)
 
-    def pieces(self, worker: int, num_workers: int) -> list[Piece]:
-        """The runs of windows one worker yields in one epoch: (chunk, first, stop) with
-        window numbers counted from the chunk's first window."""
-        return plan_worker(
-            self._group_sizes,
-            shuffle=self.shuffle,
-            seed=self.seed,
-            epoch=self.epoch,
-            rank=self.rank,
-            world_size=self.world_size,
-            worker=worker,
-            num_workers=num_workers,
-            drop_last=self.drop_last,
-        )
-
     def _order(self, worker: int, run: int, n: int) -> list[int]:
         order = list(range(n))
         if self.shuffle:
@@ -340,55 +323,10 @@ class TokenStreamingDataset(LoaderDataset):
 
     # -- resuming (StreamingDataLoader) -------------------------------------------------------
 
-    def _describe(self) -> dict[str, Any]:
-        uri, version, commit_id = self.snapshot.identity
-        return {
-            "store": uri,
-            "version": version,
-            "commit_id": commit_id,
-            "field": self.field,
-            "block_size": self.block_size,
-            "shuffle": self.shuffle,
-            "drop_last": self.drop_last,
-            "shuffle_window": self.shuffle_window,
-        }
-
-    def _check_resume(self, state: dict[str, Any], allow_other_version: bool) -> None:
-        """Refuse a state of another snapshot (unless ``allow_other_version``) or of other
-        windows (field, block size) or shuffle settings: the windows skipped would not be
-        those delivered."""
-        mine = self._describe()
-        if (state.get("version"), state.get("commit_id")) != (
-            mine["version"],
-            mine["commit_id"],
-        ) and not allow_other_version:
-            raise ResumeMismatchError(
-                f"the state is from version {state.get('version')} (commit "
-                f"{state.get('commit_id')}) of {state.get('store')}; this dataset reads "
-                f"version {mine['version']} (commit {mine['commit_id']}) of {mine['store']}"
-            )
-        for key in ("field", "block_size", "shuffle", "drop_last", "shuffle_window"):
-            if state.get(key) != mine[key]:
-                raise ResumeMismatchError(
-                    f"cannot resume: the state has {key}={state.get(key)!r}, this loader "
-                    f"{mine[key]!r}; the same windows would not be skipped"
-                )
+    def _layout(self) -> dict[str, Any]:
+        return {"field": self.field, "block_size": self.block_size, **super()._layout()}
 
     # -- reading -----------------------------------------------------------------------------
-
-    def _own_snapshot(self) -> Snapshot:
-        # DataLoader workers are forked; storage clients, open files and locks are not
-        # fork-safe.
-        if self._pid != os.getpid():
-            self.snapshot = self.snapshot.reopen()
-            self._pid = os.getpid()
-        return self.snapshot
-
-    def _cache_dir(self) -> str:
-        if self.cache_dir is not None:
-            return self.cache_dir
-        key = f"{self.snapshot.uri}".replace("/", "_").replace(":", "_")
-        return os.path.join(tempfile.gettempdir(), "txstore-cache", key)
 
     def _samples_span(self, first: int, stop: int) -> tuple[int, int, int, int]:
         """(first token, first sample, stop sample, token offset in the first sample) of

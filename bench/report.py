@@ -542,7 +542,8 @@ def read_results(report: Report, workers: int | None = 2) -> list[Row]:
 
 def read_table(rows: Sequence[Row]) -> str:
     """One workload: every task, cache state and reader; txstore's advantage over each."""
-    headers = ["task", "cache", "reader", "samples/s", "MB/s", "p50 µs", "p90 µs"]
+    headers = ["task", "cache", "reader", "samples/s", "MB/s", "p50 µs", "p90 µs", "p99 µs"]
+    headers += ["max µs"]
     headers += ["1st batch s", "peak RSS MB", "txstore ÷ this", "runs"]
     out = []
     for task, _title, primary in READ_TASKS:
@@ -568,6 +569,8 @@ def read_table(rows: Sequence[Row]) -> str:
                         fmt(m.get("mb_per_s"), ",.0f") if task != "ra" else "",
                         fmt(m.get("p50_us"), ",.1f"),
                         fmt(m.get("p90_us"), ",.1f"),
+                        fmt(m.get("p99_us"), ",.1f"),
+                        fmt(m.get("max_us"), ",.0f"),
                         fmt(m.get("first_batch_s"), ".2f"),
                         fmt(m.get("peak_rss_mb"), ",.0f"),
                         x(ratio),

@@ -388,6 +388,39 @@ def test_hostile_footers_with_valid_checksums_are_corrupt(
     assert any(message in p.message for p in report.problems)
 
 
+def test_a_hostile_frame_is_refused_when_its_block_is_read_and_by_every_whole_chunk_read(
+    tmp_path: Path,
+) -> None:
+    """``snap[i]`` checks only the frames of the block it reads (a first read of a large
+    chunk does not pay for all of them): a sample of a sound block still reads, the damaged
+    block is refused, and every path that reads the chunk whole or by field refuses it too,
+    also after the lazily checked footer was cached by a single-sample read."""
+    samples = [{"i": i, "s": "x" * 200} for i in range(60)]
+    store = _store(tmp_path, samples, block_bytes=1024)
+    root = _root(store)
+    _, data = _chunk_file(root, store)
+    footer, start = _footer_parts(data)
+    blocks = footer[4]
+    assert len(blocks) >= 4  # several blocks, so that one can be damaged alone
+    bad = len(blocks) - 1
+    first_bad = sum(b[0] for b in blocks[:bad])
+    _set_frame(1, 10**6, block=bad)(footer)
+    path = _replace_chunk(store, _with_footer(data, start, footer), footer[2])
+    pattern = f"{path}.*block {bad}: .*outside the frames"
+
+    snap = txstore.open(store.uri).snapshot()
+    assert snap[0] == samples[0]
+    assert snap[first_bad - 1] == samples[first_bad - 1]
+    with pytest.raises(CorruptError, match=pattern):
+        snap[first_bad]
+    with pytest.raises(CorruptError, match=pattern):
+        list(snap)  # the footer cached above, frames partly checked
+    with pytest.raises(CorruptError, match=pattern):
+        list(snap.select(["s"]))  # the frames of one field, through the same cache
+    with pytest.raises(CorruptError, match=pattern):
+        list(txstore.open(store.uri).snapshot().select(["i"]))
+
+
 # -- item 7: hostile values --------------------------------------------------------------------
 
 F8 = np.arange(2, dtype="<f8").tobytes()

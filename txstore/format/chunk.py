@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import struct
 from bisect import bisect_right
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from itertools import accumulate
 from typing import Annotated, Any
 
@@ -37,7 +37,8 @@ MAX_BLOCK_SAMPLES = 4096
 FLAG_SPARSE = 1  # the frame holds ABSENT markers
 
 # Ranges of the footer's numbers, checked by msgspec as it decodes (in C: no cost per frame
-# in Python); what relates them to each other is checked once per footer (``_check_footer``).
+# in Python); what relates them to each other is checked before any frame is decoded
+# (``_check_frames``).
 _Nat = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
 _U64 = Annotated[int, msgspec.Meta(ge=0)]  # MessagePack ints stop at 2**64 - 1
 _BlockSamples = Annotated[int, msgspec.Meta(ge=1, le=MAX_BLOCK_SAMPLES)]
@@ -70,29 +71,60 @@ class ChunkFooter(msgspec.Struct, array_like=True, frozen=True, gc=False):
 
 
 class ChunkLayout:
-    """A decoded footer with the lookups readers need."""
+    """A decoded footer with the lookups readers need.
 
-    __slots__ = ("block_starts", "check", "columns", "footer", "where")
+    Parsed ``lazy``, the frames of each block are checked when a reader first asks for that
+    block (``check_block``), so that reading one sample of a chunk does not pay for checking
+    the thousands of frames it does not touch; ``check_all`` checks the rest at once."""
 
-    def __init__(self, footer: ChunkFooter, where: str) -> None:
+    __slots__ = ("_high", "_unchecked", "block_starts", "check", "columns", "footer", "where")
+
+    def __init__(
+        self, footer: ChunkFooter, where: str, footer_offset: int | None = None, lazy: bool = False
+    ) -> None:
         self.footer = footer
         self.where = where
         self.check = FRAME_CHECKSUMS[footer.major]
         self.columns = footer.columns
         self.block_starts = list(accumulate((b.num_samples for b in footer.blocks), initial=0))
+        self._high = 2**63 if footer_offset is None else footer_offset
+        # One byte per block, 1 once its frames are checked; None once all of them are.
+        self._unchecked: bytearray | None = bytearray(len(footer.blocks)) if lazy else None
+        if not lazy:
+            self._check(range(len(footer.blocks)))
 
     def locate(self, index: int) -> tuple[int, int]:
         """(block number, index within block) of a sample."""
         block = bisect_right(self.block_starts, index) - 1
         return block, index - self.block_starts[block]
 
+    def check_block(self, number: int) -> None:
+        """Check the frames of one block, unless they are already (``CorruptError``)."""
+        pending = self._unchecked
+        if pending is not None and not pending[number]:
+            self._check(range(number, number + 1))
+            pending[number] = 1
+
+    def check_all(self) -> None:
+        """Check the frames of every block not yet checked (``CorruptError``)."""
+        pending = self._unchecked
+        if pending is not None:
+            self._check([n for n, done in enumerate(pending) if not done])
+            self._unchecked = None
+
+    def _check(self, numbers: Iterable[int]) -> None:
+        why = _check_frames(self.footer, numbers, self._high)
+        if why:
+            raise CorruptError(f"{self.where}: bad chunk footer: {why}")
+
 
 def parse_footer(
-    tail: bytes | memoryview, where: str, footer_offset: int | None = None
+    tail: bytes | memoryview, where: str, footer_offset: int | None = None, *, lazy: bool = False
 ) -> ChunkLayout:
     """Parse a chunk's footer from its tail (footer plus trailer) and check that it describes
     a chunk readers can decode. With ``footer_offset`` (where the footer starts in the file),
-    also that every frame lies between the header and the footer."""
+    also that every frame lies between the header and the footer. ``lazy``: each block's
+    frames are checked when first asked for (see ``ChunkLayout``)."""
     if len(tail) < TRAILER.size:
         raise CorruptError(f"{where}: truncated chunk (no trailer)")
     length, checksum, magic = TRAILER.unpack_from(tail, len(tail) - TRAILER.size)
@@ -112,29 +144,36 @@ def parse_footer(
         )
     if footer.major not in FRAME_CHECKSUMS:
         raise CorruptError(f"{where}: bad chunk format version {footer.major}")
-    why = _check_footer(footer, footer_offset)
+    why = _check_totals(footer)
     if why:
         raise CorruptError(f"{where}: bad chunk footer: {why}")
-    return ChunkLayout(footer, where)
+    return ChunkLayout(footer, where, footer_offset, lazy)
 
 
-def _check_footer(footer: ChunkFooter, footer_offset: int | None) -> str:
-    """What makes a footer (its checksum valid) describe samples no reader could decode, or
-    "": once per footer, so that the decoding loop can trust it. One pass over all frames
-    (a 64 MiB chunk has thousands): half the time of decoding the footer, in one loop."""
+def _check_totals(footer: ChunkFooter) -> str:
+    """What, in a footer's totals (its checksum valid), no reader could decode, or ""."""
     columns = footer.columns
-    width = len(columns)
-    if len(set(columns)) != width:
+    if len(set(columns)) != len(columns):
         return "a column name appears twice"
-    blocks = footer.blocks
-    total = sum([b.num_samples for b in blocks])
+    total = sum([b.num_samples for b in footer.blocks])
     if total != footer.num_samples:
         return f"its blocks hold {total} samples, the footer says {footer.num_samples}"
-    low, high = HEADER.size, 2**63 if footer_offset is None else footer_offset
+    return ""
+
+
+def _check_frames(footer: ChunkFooter, numbers: Iterable[int], high: int) -> str:
+    """What makes the frames of blocks ``numbers`` (of a footer whose checksum is valid)
+    describe values no reader could decode, or "": checked before any of them is decoded,
+    so that the decoding loop can trust them. A 64 MiB chunk has thousands of frames: one
+    loop over them costs half the time of decoding the footer."""
+    width = len(footer.columns)
+    blocks = footer.blocks
+    low = HEADER.size
     seen: set[int] = set()
     mark = seen.add
     frames = 0
-    for number, block in enumerate(blocks):
+    for number in numbers:
+        block = blocks[number]
         # The raw bytes end with a u32 offset per value, after at least an array header.
         need = 4 * block.num_samples + 1
         base = number * width

@@ -191,13 +191,17 @@ class ChunkReader:
     def _missing(self, path: str, version: int) -> MissingDataError:
         return MissingDataError(f"{self._where(path, version)} is missing")
 
-    def layout(self, src: ChunkFile, version: int) -> ChunkLayout:
+    def layout(self, src: ChunkFile, version: int, lazy: bool = False) -> ChunkLayout:
+        """A source's footer, every frame checked; ``lazy``: each block's frames checked
+        when a caller asks for the block (``ChunkLayout.check_block``)."""
         with self._lock:
             found = self._layouts.get(src.path)
         if found is not None:
             # Another segment may name the same file with another count: one int compare.
             if src.num_samples >= 0 and found.footer.num_samples != src.num_samples:
                 self._count_mismatch(src, found, version)
+            if not lazy:
+                found.check_all()
             return found
         if logger.isEnabledFor(logging.DEBUG):
             _fetching(self.storage, src.path, src.footer_offset, src.size, "footer")
@@ -210,13 +214,13 @@ class ChunkReader:
             raise CorruptError(f"{where} is shorter than its manifest says")
         if crc32(tail) != src.crc32:
             raise ChecksumError(f"{where} does not match its checksum")
-        return self._remember(src, self._parse(src, tail, where, version))
+        return self._remember(src, self._parse(src, tail, where, version, lazy))
 
     def _parse(
-        self, src: ChunkFile, tail: bytes | memoryview, where: str, version: int
+        self, src: ChunkFile, tail: bytes | memoryview, where: str, version: int, lazy: bool
     ) -> ChunkLayout:
         """A source's footer, checked against its segment's count of samples."""
-        layout = parse_footer(tail, where, footer_offset=src.footer_offset)
+        layout = parse_footer(tail, where, footer_offset=src.footer_offset, lazy=lazy)
         if src.num_samples >= 0 and layout.footer.num_samples != src.num_samples:
             self._count_mismatch(src, layout, version)
         return layout
@@ -254,8 +258,10 @@ class ChunkReader:
     ) -> Sample:
         out: Sample = {}
         for src in chunk_files(chunk) if chunk.field_files else [base_file(chunk)]:
-            layout = self.layout(src, version)
+            # One sample need not pay for checking the frames of the whole chunk.
+            layout = self.layout(src, version, lazy=True)
             block, i = layout.locate(index)
+            layout.check_block(block)
             frames = select_frames(layout, block, self._keep(src, layout, fields))
             if not frames:
                 continue
@@ -314,7 +320,7 @@ class ChunkReader:
         if verified and chunk_digest(memoryview(data)[: src.footer_offset]) != src.digest:
             raise ChecksumError(f"{where} does not match its digest")
         check_header(data, where)
-        return data, self._parse(src, tail, where, version), verified
+        return data, self._parse(src, tail, where, version, lazy=False), verified
 
     def _read_frames(
         self, src: ChunkFile, layout: ChunkLayout, keep: frozenset[str], version: int

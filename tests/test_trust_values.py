@@ -388,13 +388,28 @@ def test_hostile_footers_with_valid_checksums_are_corrupt(
     assert any(message in p.message for p in report.problems)
 
 
-def test_a_hostile_frame_is_refused_when_its_block_is_read_and_by_every_whole_chunk_read(
-    tmp_path: Path,
+def _frames_not_a_list(block: int) -> Callable[[Any], None]:
+    def change(footer: Any) -> None:
+        footer[4][block][1] = "not frames"
+
+    return change
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda block: _set_frame(1, 10**6, block=block), r"block {bad}: .*outside the frames"),
+        (_frames_not_a_list, "bad chunk footer: Expected `array`"),
+    ],
+    ids=["frame outside the file", "frames not an array"],
+)
+def test_a_hostile_block_is_refused_when_it_is_read_and_by_every_whole_chunk_read(
+    tmp_path: Path, damage: Callable[[int], Callable[[Any], None]], message: str
 ) -> None:
-    """``snap[i]`` checks only the frames of the block it reads (a first read of a large
-    chunk does not pay for all of them): a sample of a sound block still reads, the damaged
-    block is refused, and every path that reads the chunk whole or by field refuses it too,
-    also after the lazily checked footer was cached by a single-sample read."""
+    """``snap[i]`` decodes and checks only the frames of the block it reads (a first read of
+    a large chunk does not pay for all of them): a sample of a sound block still reads, the
+    damaged block is refused, and every path that reads the chunk whole or by field refuses
+    it too, also after the partly decoded footer was cached by a single-sample read."""
     samples = [{"i": i, "s": "x" * 200} for i in range(60)]
     store = _store(tmp_path, samples, block_bytes=1024)
     root = _root(store)
@@ -404,9 +419,9 @@ def test_a_hostile_frame_is_refused_when_its_block_is_read_and_by_every_whole_ch
     assert len(blocks) >= 4  # several blocks, so that one can be damaged alone
     bad = len(blocks) - 1
     first_bad = sum(b[0] for b in blocks[:bad])
-    _set_frame(1, 10**6, block=bad)(footer)
+    damage(bad)(footer)
     path = _replace_chunk(store, _with_footer(data, start, footer), footer[2])
-    pattern = f"{path}.*block {bad}: .*outside the frames"
+    pattern = f"{path}.*" + message.format(bad=bad)
 
     snap = txstore.open(store.uri).snapshot()
     assert snap[0] == samples[0]

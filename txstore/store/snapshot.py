@@ -192,16 +192,16 @@ class ChunkReader:
         return MissingDataError(f"{self._where(path, version)} is missing")
 
     def layout(self, src: ChunkFile, version: int, lazy: bool = False) -> ChunkLayout:
-        """A source's footer, every frame checked; ``lazy``: each block's frames checked
-        when a caller asks for the block (``ChunkLayout.check_block``)."""
+        """A source's footer, every frame checked; ``lazy``: a block's frames decoded and
+        checked when a caller asks for them (``ChunkLayout.block_frames``)."""
         with self._lock:
             found = self._layouts.get(src.path)
         if found is not None:
             # Another segment may name the same file with another count: one int compare.
-            if src.num_samples >= 0 and found.footer.num_samples != src.num_samples:
+            if src.num_samples >= 0 and found.num_samples != src.num_samples:
                 self._count_mismatch(src, found, version)
             if not lazy:
-                found.check_all()
+                found.footer  # noqa: B018 -- decodes and checks the frames not yet checked
             return found
         if logger.isEnabledFor(logging.DEBUG):
             _fetching(self.storage, src.path, src.footer_offset, src.size, "footer")
@@ -221,13 +221,13 @@ class ChunkReader:
     ) -> ChunkLayout:
         """A source's footer, checked against its segment's count of samples."""
         layout = parse_footer(tail, where, footer_offset=src.footer_offset, lazy=lazy)
-        if src.num_samples >= 0 and layout.footer.num_samples != src.num_samples:
+        if src.num_samples >= 0 and layout.num_samples != src.num_samples:
             self._count_mismatch(src, layout, version)
         return layout
 
     def _count_mismatch(self, src: ChunkFile, layout: ChunkLayout, version: int) -> None:
         raise CorruptError(
-            f"{self._where(src.path, version)} holds {layout.footer.num_samples} samples, "
+            f"{self._where(src.path, version)} holds {layout.num_samples} samples, "
             f"its segment says {src.num_samples}"
         )
 
@@ -261,11 +261,10 @@ class ChunkReader:
             # One sample need not pay for checking the frames of the whole chunk.
             layout = self.layout(src, version, lazy=True)
             block, i = layout.locate(index)
-            layout.check_block(block)
             frames = select_frames(layout, block, self._keep(src, layout, fields))
             if not frames:
                 continue
-            n = layout.footer.blocks[block].num_samples
+            n = layout.block_samples(block)
             start = frames[0].offset
             end = frames[-1].offset + frames[-1].length
             if logger.isEnabledFor(logging.DEBUG):

@@ -145,9 +145,8 @@ class ChunkRef(msgspec.Struct, frozen=True, kw_only=True):
     field_files: tuple[FieldFile, ...] = ()
     #: XXH3-64 of the file's bytes [0, footer_offset) in hex (format 1.2; None before).
     digest: str | None = None
-
-    def __post_init__(self) -> None:
-        _check_offset(self.footer_offset, self.size)
+    # No __post_init__: a segment holds thousands, whose footer offsets ``decode`` checks in
+    # one loop with their paths; a writer makes them from the files it wrote.
 
 
 @dataclass(frozen=True, slots=True)
@@ -364,11 +363,13 @@ def decode(data: bytes, kind: type[D], where: str) -> D:
         doc = msgspec.json.decode(data, type=kind)
     except msgspec.DecodeError as e:  # ValidationError too; invalid UTF-8 in a string
         raise CorruptError(f"{where} is not a valid {kind.__name__.lower()}: {e}") from e
-    _check_paths(doc, where)
+    _check_references(doc, where)
     return doc
 
 
-def _check_paths(doc: _Document, where: str) -> None:
+def _check_references(doc: _Document, where: str) -> None:
+    """The paths a document names are data files in their folders; a segment's chunks have
+    their footers inside them."""
     if isinstance(doc, Manifest):
         for seg in doc.segments:
             check_data_path(seg.path, SEGMENTS, where)
@@ -378,3 +379,8 @@ def _check_paths(doc: _Document, where: str) -> None:
             path = chunk.path
             if not path.startswith(CHUNKS) or plain(path, start) is None or chunk.field_files:
                 check_chunk_paths(chunk, where)  # the usual case in one match, inline
+            if chunk.footer_offset > chunk.size:
+                raise CorruptError(
+                    f"{where} is not a valid segment: chunk {path!r} has its footer at "
+                    f"{chunk.footer_offset}, past the file's size {chunk.size}"
+                )

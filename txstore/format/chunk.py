@@ -110,8 +110,7 @@ class ChunkLayout:
     )
 
     def __init__(self, footer: ChunkFooter, where: str, footer_offset: int | None = None) -> None:
-        self._setup(footer.major, footer.columns, footer.num_samples, footer.blocks, where)
-        self._high = 2**63 if footer_offset is None else footer_offset
+        self._setup(footer, where, footer_offset)
         self._head: tuple[_FooterHead, bytes] | None = None
         self._frames: list[tuple[FrameIndex, ...] | None] = []
         self._footer: ChunkFooter | None = footer
@@ -124,26 +123,30 @@ class ChunkLayout:
         cls, head: _FooterHead, raw: bytes, where: str, footer_offset: int | None
     ) -> ChunkLayout:
         self = cls.__new__(cls)
-        self._setup(head.major, head.columns, head.num_samples, head.blocks, where)
-        self._high = 2**63 if footer_offset is None else footer_offset
+        self._setup(head, where, footer_offset)
         self._head = (head, raw)
         self._frames = [None] * len(head.blocks)
         self._footer = None
         return self
 
     def _setup(
-        self,
-        major: int,
-        columns: list[str],
-        num_samples: int,
-        blocks: Sequence[BlockIndex | _BlockHead],
-        where: str,
+        self, footer: ChunkFooter | _FooterHead, where: str, footer_offset: int | None
     ) -> None:
+        """The lookups, and the footer's totals checked (``CorruptError``)."""
         self.where = where
-        self.check = FRAME_CHECKSUMS[major]
-        self.columns = columns
-        self.num_samples = num_samples
-        self.block_starts = list(accumulate([b.num_samples for b in blocks], initial=0))
+        self.check = FRAME_CHECKSUMS[footer.major]
+        self.columns = footer.columns
+        self.num_samples = footer.num_samples
+        self.block_starts = list(accumulate([b.num_samples for b in footer.blocks], initial=0))
+        self._high = 2**63 if footer_offset is None else footer_offset
+        total = self.block_starts[-1]
+        why = ""
+        if len(set(self.columns)) != len(self.columns):
+            why = "a column name appears twice"
+        elif total != self.num_samples:
+            why = f"its blocks hold {total} samples, the footer says {self.num_samples}"
+        if why:
+            raise CorruptError(f"{where}: bad chunk footer: {why}")
 
     @property
     def footer(self) -> ChunkFooter:
@@ -171,8 +174,9 @@ class ChunkLayout:
                 frames = _FRAMES.decode(head[0].blocks[number].frames)
             except msgspec.DecodeError as e:
                 raise CorruptError(f"{self.where}: bad chunk footer: {e}") from e
-            n = self.block_starts[number + 1] - self.block_starts[number]
-            why = _check_block(frames, number, n, len(self.columns), self._high)
+            why = _check_block(
+                frames, number, self.block_samples(number), len(self.columns), self._high
+            )
             if why:
                 raise CorruptError(f"{self.where}: bad chunk footer: {why}")
             self._frames[number] = frames
@@ -224,23 +228,9 @@ def parse_footer(
         )
     if found.major not in FRAME_CHECKSUMS:
         raise CorruptError(f"{where}: bad chunk format version {found.major}")
-    why = _check_totals(found)
-    if why:
-        raise CorruptError(f"{where}: bad chunk footer: {why}")
     if isinstance(found, _FooterHead):
         return ChunkLayout._lazy(found, raw, where, footer_offset)
     return ChunkLayout(found, where, footer_offset)
-
-
-def _check_totals(footer: ChunkFooter | _FooterHead) -> str:
-    """What, in a footer's totals (its checksum valid), no reader could decode, or ""."""
-    columns = footer.columns
-    if len(set(columns)) != len(columns):
-        return "a column name appears twice"
-    total = sum([b.num_samples for b in footer.blocks])
-    if total != footer.num_samples:
-        return f"its blocks hold {total} samples, the footer says {footer.num_samples}"
-    return ""
 
 
 def _check_frames(footer: ChunkFooter, high: int) -> str:

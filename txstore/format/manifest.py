@@ -374,13 +374,10 @@ def _check_references(doc: _Document, where: str) -> None:
         for seg in doc.segments:
             check_data_path(seg.path, SEGMENTS, where)
     elif isinstance(doc, Segment):
-        plain, start = _DATA_NAME.fullmatch, len(CHUNKS)
         for chunk in doc.chunks:
-            path = chunk.path
-            if not path.startswith(CHUNKS) or plain(path, start) is None or chunk.field_files:
-                check_chunk_paths(chunk, where)  # the usual case in one match, inline
+            check_chunk_paths(chunk, where)
             if chunk.footer_offset > chunk.size:
                 raise CorruptError(
-                    f"{where} is not a valid segment: chunk {path!r} has its footer at "
+                    f"{where} is not a valid segment: chunk {chunk.path!r} has its footer at "
                     f"{chunk.footer_offset}, past the file's size {chunk.size}"
                 )

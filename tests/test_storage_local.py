@@ -117,3 +117,113 @@ def test_a_range_read_is_of_the_file_renamed_over_the_key_by_another_process(
 
 def test_local_path_is_the_root(tmp_path: Path) -> None:
     assert open_storage(str(tmp_path / "a" / ".." / "b")).local_path == str(tmp_path / "b")
+
+
+# ------------------------------------------------------------- ranges of cached/uncached chunks
+
+_CHUNK = bytes(range(256)) * (4 << 12)  # 4 MiB, each byte a function of its offset
+
+
+def _evict(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # drops clean, unmapped pages
+    finally:
+        os.close(fd)
+
+
+def _resident(path: Path, start: int, end: int) -> bool:
+    """The test's own probe: whether [start, end) reads without waiting for the disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.preadv(fd, [bytearray(end - start)], start, os.RWF_NOWAIT) == end - start
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def _uncached_chunk(tmp_path: Path) -> tuple[LocalStorage, Path]:
+    if not hasattr(os, "RWF_NOWAIT"):
+        pytest.skip("no RWF_NOWAIT here: every range is read through the map")
+    storage = LocalStorage(tmp_path)
+    storage.write("chunks/c.chunk", _CHUNK)  # written durably: clean pages
+    path = tmp_path / "chunks" / "c.chunk"
+    _evict(path)
+    if _resident(path, 1 << 20, (1 << 20) + 100_000):
+        pytest.skip("the kernel kept the advised-away pages")
+    return storage, path
+
+
+def _backing(view: bytes | memoryview) -> type:
+    return type(view.obj) if isinstance(view, memoryview) else bytes
+
+
+def test_ranges_of_an_uncached_chunk_are_read_not_faulted_through_its_map(
+    tmp_path: Path,
+) -> None:
+    import mmap
+
+    storage, path = _uncached_chunk(tmp_path)
+    for start in (1 << 20, 3 << 20, 17):
+        view = storage.read_range_view("chunks/c.chunk", start, start + 100_000)
+        assert bytes(view) == _CHUNK[start : start + 100_000]
+        assert _backing(view) is bytearray  # a pread into a buffer of its own
+    # Once the file is cached, reads go back to the map after a run of cached reads.
+    assert storage.read("chunks/c.chunk") == _CHUNK
+    backings = []
+    for k in range(40):
+        view = storage.read_range_view("chunks/c.chunk", k * 4096, k * 4096 + 5000)
+        assert bytes(view) == _CHUNK[k * 4096 : k * 4096 + 5000]
+        backings.append(_backing(view))
+    assert backings[0] is bytearray and backings[-1] is mmap.mmap
+    flipped = backings.index(mmap.mmap)
+    assert set(backings[flipped:]) == {mmap.mmap}
+    # Evicted again: the next read sees it and reads rather than fault.
+    _evict(path)
+    if _resident(path, 2 << 20, (2 << 20) + 8192):
+        pytest.skip("the kernel kept the advised-away pages")
+    view = storage.read_range_view("chunks/c.chunk", 2 << 20, (2 << 20) + 8192)
+    assert bytes(view) == _CHUNK[2 << 20 : (2 << 20) + 8192]
+    assert _backing(view) is bytearray
+
+
+def test_a_chunk_cached_at_its_first_read_is_read_through_its_map(tmp_path: Path) -> None:
+    import mmap
+
+    storage = LocalStorage(tmp_path)
+    storage.write("chunks/c.chunk", _CHUNK)
+    assert storage.read("chunks/c.chunk") == _CHUNK  # now in the page cache
+    if hasattr(os, "RWF_NOWAIT") and not _resident(tmp_path / "chunks" / "c.chunk", 0, 1 << 22):
+        pytest.skip("the file was not cached after a whole read")
+    first = storage.read_range_view("chunks/c.chunk", 100, 70_000)
+    second = storage.read_range_view("chunks/c.chunk", 5000, 9000)
+    assert bytes(first) == _CHUNK[100:70_000] and bytes(second) == _CHUNK[5000:9000]
+    assert _backing(second) is mmap.mmap
+    # Past the end of the file: as short as the file, either way.
+    assert (
+        bytes(storage.read_range_view("chunks/c.chunk", len(_CHUNK) - 10, len(_CHUNK) + 90))
+        == (_CHUNK[-10:])
+    )
+
+
+def test_range_reads_past_the_end_of_an_uncached_chunk_are_short(tmp_path: Path) -> None:
+    storage, _ = _uncached_chunk(tmp_path)
+    end = len(_CHUNK)
+    assert bytes(storage.read_range_view("chunks/c.chunk", end - 10, end + 90)) == _CHUNK[-10:]
+    assert storage.read_range("chunks/c.chunk", end - 4, end + 4) == _CHUNK[-4:]
+
+
+def test_kept_maps_hold_a_bounded_number_of_descriptors(tmp_path: Path) -> None:
+    from txstore.storage.local import _MAX_KEPT_MAPS
+
+    storage = LocalStorage(tmp_path)
+    for k in range(3 * _MAX_KEPT_MAPS):
+        storage.write(f"chunks/{k}.chunk", bytes([k % 256]) * 10_000)
+    before = len(os.listdir("/proc/self/fd"))
+    for k in range(3 * _MAX_KEPT_MAPS):
+        assert bytes(storage.read_range_view(f"chunks/{k}.chunk", 10, 20)) == bytes([k % 256]) * 10
+    # Two per kept map: the one it reads through and the one Python's mmap keeps (a dup).
+    assert len(os.listdir("/proc/self/fd")) - before <= 2 * _MAX_KEPT_MAPS
+    storage.close()
+    assert len(os.listdir("/proc/self/fd")) <= before

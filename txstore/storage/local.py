@@ -10,6 +10,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import ctypes
+import errno
 import hashlib
 import mmap
 import os
@@ -28,6 +29,12 @@ from .base import TEMP_PREFIX, Data, FileInfo, Storage
 
 _LOCK_NAME = ".txstore.lock"
 _MAX_KEPT_MAPS = 64
+# A read that fails rather than wait for the disk (Linux): how a chunk's reads learn whether
+# its pages are in the page cache. Where there is none, every chunk is read through its map.
+_NOWAIT: int | None = getattr(os, "RWF_NOWAIT", None) if hasattr(os, "preadv") else None
+# Reads of a chunk found in the page cache, one after another, before its reads go through
+# the map again (after one found it out).
+_WARM_AFTER = 16
 _IOV_MAX = 1024
 # Bytes per writev call, and the offsets the calls end at: a trade. One call per whole chunk
 # is much slower than calls of about a MiB. The page cache sizes its folios by each write's
@@ -116,6 +123,64 @@ def _identity(st: os.stat_result) -> _Identity:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
+class _Kept:
+    """A kept map of a file, its identity, a descriptor of it, and how its ranges are read.
+
+    ``cached_reads``: -1 before the first range read; then the count of reads, one after
+    another, that found their pages in the page cache. Below ``_WARM_AFTER`` a range is read
+    with ``pread``, at or above through the map: a fault on a map of a file that is not cached
+    reads megabytes around the page (a random 100 KiB read from a cold 64 MiB chunk took
+    22 us at the median but 9 ms at p99 and 1.0 ms on average, where a ``pread`` took
+    0.17 ms, 0.27 ms at p99). The descriptor is closed when the last reader lets go of this
+    object, so no thread can read through a number that another has closed and reused.
+    """
+
+    __slots__ = ("cached_reads", "fd", "identity", "view")
+
+    def __init__(self, view: bytes | memoryview, identity: _Identity, fd: int) -> None:
+        self.view = view
+        self.identity = identity
+        self.fd = fd
+        self.cached_reads = -1 if _NOWAIT is not None else _WARM_AFTER
+
+    def __del__(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+
+    def still_cached(self, start: int, end: int) -> bool:
+        """Whether the last byte of [start, end) is still in the page cache (one small read
+        that fails rather than wait); where that cannot be told, True."""
+        assert _NOWAIT is not None
+        try:
+            return os.preadv(self.fd, [bytearray(1)], end - 1, _NOWAIT) == 1
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
+
+    def pread(self, start: int, end: int) -> tuple[memoryview, bool | None]:
+        """Bytes [start, end) (fewer past the end of the file), and whether they were all in
+        the page cache (None: the file system cannot tell)."""
+        assert _NOWAIT is not None
+        buf = bytearray(end - start)
+        try:
+            got = os.preadv(self.fd, [buf], start, _NOWAIT)
+            cached: bool | None = got == len(buf)
+        except BlockingIOError:
+            got, cached = 0, False
+        except OSError as e:
+            if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+            got, cached = 0, None
+        view = memoryview(buf)
+        while got < len(buf):
+            n = os.preadv(self.fd, [view[got:]], start + got)
+            if n == 0:  # past the end of the file: as short as a map's slice would be
+                return view[:got], cached
+            got += n
+        return view, cached
+
+
 class LocalStorage(Storage):
     is_remote = False
 
@@ -123,8 +188,8 @@ class LocalStorage(Storage):
         self.root = os.path.abspath(os.fspath(root))
         self.uri = self.root
         self.storage_options: dict[str, Any] = {}
-        # Kept maps, most recently used last, with the identity of the file each maps.
-        self._maps: OrderedDict[str, tuple[bytes | memoryview, _Identity]] = OrderedDict()
+        # Kept maps, most recently used last.
+        self._maps: OrderedDict[str, _Kept] = OrderedDict()
         self._maps_lock = threading.Lock()
         self._made_dirs: set[str] = set()
 
@@ -180,34 +245,51 @@ class LocalStorage(Storage):
 
     def read_range_view(self, key: str, start: int, end: int) -> bytes | memoryview:
         # One sample's block out of a kept map: no syscall and no copy per read (a pread of
-        # its 64 KiB block was a third of ``snap[i]``). Only chunks are read so, which are
-        # never rewritten; this process's own rewrites drop the map all the same.
-        return self._kept(key, None)[start:end]
+        # its 64 KiB block was a third of ``snap[i]``), while the chunk is in the page cache;
+        # a pread when it is not (``_Kept``). Only chunks are read so, which are never
+        # rewritten; this process's own rewrites drop the map all the same.
+        kept = self._kept(key, None)
+        if end <= start:
+            return kept.view[start:end]
+        if kept.cached_reads >= _WARM_AFTER:
+            if _NOWAIT is None or kept.still_cached(start, end):
+                return kept.view[start:end]
+            kept.cached_reads = 0  # evicted since: the map would fault it in slowly
+        try:
+            data, cached = kept.pread(start, end)
+        except OSError as e:
+            raise StorageError(f"cannot read {self.root}/{key}: {e}") from e
+        if cached is None or (cached and kept.cached_reads < 0):
+            kept.cached_reads = _WARM_AFTER  # cannot tell, or cached at the first read
+        else:
+            kept.cached_reads = kept.cached_reads + 1 if cached else 0
+        return data
 
-    def _kept(self, key: str, identity: _Identity | None) -> bytes | memoryview:
+    def _kept(self, key: str, identity: _Identity | None) -> _Kept:
         """The kept map of ``key``, made now if there is none or (given the file's identity
         now) it maps another file. Maps are dropped, never closed, when evicted: views handed
         out keep theirs alive."""
         with self._maps_lock:
             kept = self._maps.get(key)
-            if kept is not None and (identity is None or kept[1] == identity):
+            if kept is not None and (identity is None or kept.identity == identity):
                 self._maps.move_to_end(key)
-                return kept[0]
+                return kept
         fd = self._open(key)
         try:
             found = _identity(os.fstat(fd))
             mapped = self._map_fd(key, fd)
-        except OSError as e:
-            raise StorageError(f"cannot read {self.root}/{key}: {e}") from e
-        finally:
+        except BaseException as e:
             os.close(fd)
-        view = b"" if mapped is None else memoryview(mapped)
+            if isinstance(e, OSError):
+                raise StorageError(f"cannot read {self.root}/{key}: {e}") from e
+            raise
+        kept = _Kept(b"" if mapped is None else memoryview(mapped), found, fd)
         with self._maps_lock:
-            self._maps[key] = (view, found)
+            self._maps[key] = kept
             self._maps.move_to_end(key)
             while len(self._maps) > _MAX_KEPT_MAPS:
                 self._maps.popitem(last=False)
-        return view
+        return kept
 
     def read_buffer(self, key: str) -> bytes | memoryview:
         mapped = self._map(key)
@@ -275,7 +357,15 @@ class LocalStorage(Storage):
         # key: another process may have replaced it (one syscall, where a fresh open, pread
         # and close would be three). (A cache of open descriptors, closed on eviction, let
         # one thread pread a number that another had closed and a third had reused.)
-        return bytes(self._kept(key, self._identity_now(key))[start:end])
+        kept = self._kept(key, self._identity_now(key))
+        if kept.cached_reads >= _WARM_AFTER or end <= start:
+            return bytes(kept.view[start:end])
+        # Not known to be cached (a chunk's footer, read before its samples): a pread,
+        # which leaves how the samples are read to the samples.
+        try:
+            return bytes(kept.pread(start, end)[0])
+        except OSError as e:
+            raise StorageError(f"cannot read {self.root}/{key}: {e}") from e
 
     def _identity_now(self, key: str) -> _Identity:
         """The identity of the file under ``key`` now (one stat)."""
@@ -292,7 +382,7 @@ class LocalStorage(Storage):
         # kept map: a field's frames are hundreds of ranges of one chunk.
         if not ranges:
             return []
-        kept = self._kept(key, self._identity_now(key))
+        kept = self._kept(key, self._identity_now(key)).view
         return [bytes(kept[start:end]) for start, end in ranges]
 
     def write(self, key: str, data: Data) -> None:

@@ -1130,11 +1130,54 @@ def kind(report: Report) -> str:
     return str(script).removeprefix("bench_")
 
 
+def tasks_of(report: Report) -> set[str]:
+    return {r["task"] for r in report.get("results", [])}
+
+
+def merged_read(reports: Sequence[Report]) -> tuple[Report, list[Report]]:
+    """One read report from the newest run of every task and the newest one of all tasks
+    before it: a rerun of some tasks (``--tasks ra``) replaces their rows, comparisons and
+    targets, each run with its peers in it. Also the runs the figures come from."""
+    ordered = sorted(reports, key=lambda r: r["machine"].get("started", ""))
+    full = max(len(tasks_of(r)) for r in ordered)
+    base_at = max(i for i, r in enumerate(ordered) if len(tasks_of(r)) == full)
+    merged = dict(ordered[base_at])
+    runs = [ordered[base_at]]
+    for later in ordered[base_at + 1 :]:
+        tasks = tasks_of(later)
+
+        def keep(
+            rows: list[Row], key: Callable[[Row], tuple[Any, ...]], new: list[Row]
+        ) -> list[Row]:
+            fresh = {key(r): r for r in new if r.get("ratio") is not None}
+            return [fresh.pop(key(r), r) for r in rows] + list(fresh.values())
+
+        merged["results"] = [r for r in merged["results"] if r["task"] not in tasks] + later[
+            "results"
+        ]
+        merged["comparisons"] = keep(
+            merged.get("comparisons", []),
+            lambda r: (r["workload"], r["cache"], r["metric"], r["peer"]),
+            later.get("comparisons", []),
+        )
+        merged["targets"] = keep(
+            merged.get("targets", []),
+            lambda r: (r["target"], r["workload"], r["cache"]),
+            later.get("targets", []),
+        )
+        runs.append(later)
+    return merged, runs
+
+
 def generate(reports: Sequence[Report], plots: Plots, inputs: Sequence[Path]) -> str:
     by_kind: dict[str, Report] = {}
     for r in reports:
         by_kind[kind(r)] = r  # the last one given of each kind
     used = list(by_kind.values())
+    reads = [r for r in reports if kind(r) == "read"]
+    if len(reads) > 1:
+        by_kind["read"], runs = merged_read(reads)
+        used = [r for r in used if kind(r) != "read"] + runs
     sources = ", ".join(f"`{p.as_posix()}`" for p in inputs)
     parts = [
         "# Benchmarks\n",

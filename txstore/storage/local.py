@@ -35,6 +35,8 @@ _NOWAIT: int | None = getattr(os, "RWF_NOWAIT", None) if hasattr(os, "preadv") e
 # Reads of a chunk found in the page cache, one after another, before its reads go through
 # the map again (after one found it out).
 _WARM_AFTER = 16
+# Reads through the map between two probes of whether the chunk is still cached.
+_PROBE_EVERY = 16
 _IOV_MAX = 1024
 # Bytes per writev call, and the offsets the calls end at: a trade. One call per whole chunk
 # is much slower than calls of about a MiB. The page cache sizes its folios by each write's
@@ -131,8 +133,10 @@ class _Kept:
     with ``pread``, at or above through the map: a fault on a map of a file that is not cached
     reads megabytes around the page (a random 100 KiB read from a cold 64 MiB chunk took
     22 us at the median but 9 ms at p99 and 1.0 ms on average, where a ``pread`` took
-    0.17 ms, 0.27 ms at p99). The descriptor is closed when the last reader lets go of this
-    object, so no thread can read through a number that another has closed and reused.
+    0.17 ms, 0.27 ms at p99). Every ``_PROBE_EVERY`` reads through the map, one probe asks
+    whether the chunk is still cached, so an eviction sends its reads back to ``pread``. The
+    descriptor is closed when the last reader lets go of this object, so no thread can read
+    through a number that another has closed and reused.
     """
 
     __slots__ = ("cached_reads", "fd", "identity", "view")
@@ -251,8 +255,12 @@ class LocalStorage(Storage):
         kept = self._kept(key, None)
         if end <= start:
             return kept.view[start:end]
-        if kept.cached_reads >= _WARM_AFTER:
-            if _NOWAIT is None or kept.still_cached(start, end):
+        reads = kept.cached_reads
+        if reads >= _WARM_AFTER:
+            # Every so many reads, whether the chunk is still cached (a probe on each read
+            # was a tenth of a warm snap[i])
+            kept.cached_reads = reads + 1
+            if _NOWAIT is None or reads % _PROBE_EVERY or kept.still_cached(start, end):
                 return kept.view[start:end]
             kept.cached_reads = 0  # evicted since: the map would fault it in slowly
         try:

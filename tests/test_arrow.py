@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import random
 from pathlib import Path
 from typing import Any
@@ -279,6 +280,56 @@ def test_to_batches_take_and_to_arrow_give_the_samples_written(tmp_path: Path) -
     assert taken.column("label").to_pylist() == [samples[i].get("label") for i in picks]
     with pytest.raises(IndexError):
         snap.take([N])
+
+
+def test_take_reads_each_block_once_and_gives_every_value_as_snap_i_does(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = _store(tmp_path)
+    samples = [{"id": i, "tokens": bytes([i % 256]) * (40 + i % 9)} for i in range(N)]
+    store.append(samples)
+    # Field files, of a field a third of the samples lack.
+    store.add_fields(lambda s: {"half": s["id"] // 2} if s["id"] % 3 else {}, ["half"])
+    snap = store.snapshot()
+    assert any(c.field_files for c in snap.chunk_refs())
+    rng = random.Random(5)
+    # Runs within one block, repeats, negatives, and scattered picks, in no order.
+    picks = [*range(100, 120), 7, 7, -1, -N, *(rng.randrange(-N, N) for _ in range(40))]
+    rng.shuffle(picks)
+    with caplog.at_level(logging.DEBUG, logger="txstore.store.snapshot"):
+        every = snap.take(picks)
+    reads = [r.getMessage() for r in caplog.records if r.getMessage().endswith("for take)")]
+    # Each block of each file read once: no range twice, and fewer reads than picks (the run
+    # of 20 lies in a few blocks, 7 is picked twice).
+    assert reads and len(reads) == len(set(reads))
+    files = 1 + len(snap.chunk_refs()[0].field_files)
+    assert len(reads) < files * len(picks)
+    assert every.column("id").to_pylist() == [samples[i]["id"] for i in picks]
+    assert every.column("tokens").to_pylist() == [samples[i]["tokens"] for i in picks]
+    half = [samples[i]["id"] // 2 if samples[i]["id"] % 3 else None for i in picks]
+    assert every.column("half").to_pylist() == half
+    assert every.to_pylist() == [
+        {"id": snap[i]["id"], "tokens": snap[i]["tokens"], "half": snap[i].get("half")}
+        for i in picks
+    ]
+    only = snap.take(picks, fields=["half"])
+    assert only.column_names == ["half"]
+    assert only.column("half").to_pylist() == half
+    assert snap.take([]).num_rows == 0
+
+
+def test_take_of_a_damaged_block_raises_and_names_the_chunk(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    store.append([{"id": i, "tokens": bytes([i % 256]) * 200} for i in range(N)])
+    snap = store.snapshot()
+    chunk = snap.chunk_refs()[0]
+    path = tmp_path / "s" / chunk.path
+    data = bytearray(path.read_bytes())
+    data[len(data) // 3] ^= 0xFF  # inside a frame of the first chunk, before its footer
+    path.write_bytes(bytes(data))
+    fresh = txstore.open(str(tmp_path / "s")).snapshot()
+    with pytest.raises(txstore.ChecksumError, match=chunk.path):
+        fresh.take(list(range(chunk.num_samples)))
 
 
 def test_arrays_read_back_as_fixed_size_lists(tmp_path: Path) -> None:

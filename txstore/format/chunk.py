@@ -466,7 +466,53 @@ def decode_value(
 ) -> Any:
     """Value ``i`` of one frame, decoding only that value."""
     raw = _frame_raw(buf, base, frame, layout)
+    return _value_at(raw, len(raw) - 4 * n, n, i, frame, decoder, layout, views)
+
+
+def decode_values(
+    buf: FileBytes,
+    base: int,
+    frame: FrameIndex,
+    n: int,
+    rows: Sequence[int],
+    decoder: ValueDecoder,
+    layout: ChunkLayout,
+) -> list[Any]:
+    """Values ``rows`` of one frame (ABSENT where a sparse frame has none), the frame checked
+    and opened once for all of them."""
+    raw = _frame_raw(buf, base, frame, layout)
     table = len(raw) - 4 * n
+    if len(rows) == 1:
+        return [_value_at(raw, table, n, rows[0], frame, decoder, layout, False)]
+    if table < 0:
+        raise CorruptError(f"{layout.where}: the frame at {frame.offset} is too short")
+    ends = (*struct.unpack_from(f"<{n}I", raw, table), table)
+    sparse = frame.flags & FLAG_SPARSE
+    decode = decoder.decode
+    out = []
+    try:
+        for i in rows:
+            data = raw[ends[i] : ends[i + 1]]
+            out.append(ABSENT if sparse and data == ABSENT_BYTES else decode(data))
+    except (msgspec.DecodeError, CorruptError) as e:
+        raise CorruptError(f"{layout.where}: bad value in the frame at {frame.offset}: {e}") from e
+    except UnsupportedFormatError as e:
+        raise UnsupportedFormatError(f"{layout.where}: {e}") from e
+    return out
+
+
+def _value_at(
+    raw: memoryview,
+    table: int,
+    n: int,
+    i: int,
+    frame: FrameIndex,
+    decoder: ValueDecoder,
+    layout: ChunkLayout,
+    views: bool,
+) -> Any:
+    if not 0 <= i < n or table < 0:
+        raise CorruptError(f"{layout.where}: the frame at {frame.offset} has no value {i}")
     (start,) = struct.unpack_from("<I", raw, table + 4 * i)
     end = struct.unpack_from("<I", raw, table + 4 * i + 4)[0] if i + 1 < n else table
     data = raw[start:end]

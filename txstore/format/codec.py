@@ -41,17 +41,20 @@ def crc32(data: bytes | bytearray | memoryview, start: int = 0) -> int:
     return start
 
 
-#: python-xxhash releases the GIL for inputs above about 100 KB; a thread that then wants it
-#: back waits for the other thread's switch interval, once per frame, so large frames hash far
-#: slower beside a busy thread. Hashing in pieces no larger than this keeps the GIL.
+#: python-xxhash's ``update`` releases the GIL for inputs above about 100 KB; a thread that
+#: then wants it back waits for the other thread's switch interval, once per frame, so large
+#: frames hash far slower beside a busy thread. Its one-shot functions hold the GIL at any
+#: size: frames up to ``_ONE_CALL_UP_TO`` take one call (about 50 us at most), larger ones
+#: or several parts go to ``update`` in pieces no larger than ``_PIECE``.
 _PIECE = 65536
+_ONE_CALL_UP_TO = 1 << 20
 
 
 def frame_checksum(parts: Sequence[bytes | memoryview]) -> int:
     """The checksum of a frame's stored bytes (chunk format 2): XXH3-64, seed 0. At 20+ GB/s
     it costs a read or a write almost nothing; CRC-32 (format 1) ran at 1 to 7 GB/s here and
     was half the time of reading one sample."""
-    if len(parts) == 1 and len(parts[0]) <= _PIECE:
+    if len(parts) == 1 and len(parts[0]) <= _ONE_CALL_UP_TO:
         return xxhash.xxh3_64_intdigest(parts[0])
     hasher = xxhash.xxh3_64()
     for part in parts:
@@ -95,7 +98,7 @@ def _frame_checksum_v1(stored: bytes | memoryview) -> int:
 
 
 def _frame_checksum_v2(stored: bytes | memoryview) -> int:
-    if len(stored) <= _PIECE:  # most frames: one call
+    if len(stored) <= _ONE_CALL_UP_TO:  # most frames: one call
         return xxhash.xxh3_64_intdigest(stored)
     return frame_checksum([stored])
 

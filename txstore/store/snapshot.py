@@ -10,7 +10,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from itertools import accumulate
+from itertools import accumulate, groupby
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from ..errors import (
@@ -27,11 +27,13 @@ from ..format.chunk import (
     FLAG_SPARSE,
     ChunkLayout,
     FileBytes,
+    FrameIndex,
     Ranges,
     check_header,
     coalesce,
     decode_blocks,
     decode_value,
+    decode_values,
     frame_presence,
     parse_footer,
     select_frames,
@@ -257,7 +259,7 @@ class ChunkReader:
         views: bool = False,
     ) -> Sample:
         out: Sample = {}
-        for src in chunk_files(chunk) if chunk.field_files else [base_file(chunk)]:
+        for src in _sources(chunk):
             # One sample need not pay for checking the frames of the whole chunk.
             layout = self.layout(src, version, lazy=True)
             block, i = layout.locate(index)
@@ -266,19 +268,68 @@ class ChunkReader:
                 continue
             n = layout.block_samples(block)
             start = frames[0].offset
-            end = frames[-1].offset + frames[-1].length
-            if logger.isEnabledFor(logging.DEBUG):
-                _fetching(self.storage, src.path, start, end, f"block {block} for one sample")
-            try:
-                buf = self.storage.read_range_view(src.path, start, end)
-            except NotFoundError:
-                raise self._missing(src.path, version) from None
+            buf = self._block_bytes(src, version, block, frames, "for one sample")
             names = layout.columns
             for frame in frames:
                 value = decode_value(buf, start, frame, n, i, self.decoder, layout, views)
                 if value is not ABSENT:
                     out[names[frame.column]] = value
         return out
+
+    def _block_bytes(
+        self, src: ChunkFile, version: int, block: int, frames: Sequence[FrameIndex], why: str
+    ) -> bytes | memoryview:
+        """The bytes of a block's ``frames`` (adjacent, in file order), from the first."""
+        start = frames[0].offset
+        end = frames[-1].offset + frames[-1].length
+        if logger.isEnabledFor(logging.DEBUG):
+            _fetching(self.storage, src.path, start, end, f"block {block} {why}")
+        try:
+            return self.storage.read_range_view(src.path, start, end)
+        except NotFoundError:
+            raise self._missing(src.path, version) from None
+
+    def take(
+        self, picks: Sequence[tuple[ChunkRef, int]], version: int, fields: frozenset[str] | None
+    ) -> dict[str, list[Any]]:
+        """The samples at ``picks`` (a chunk and an index in it) as columns: a list per field,
+        in the order of ``picks``, None where a sample lacks the field. Each block is read,
+        and each of its frames checked, once for all the picks in it."""
+        columns: dict[str, list[Any]] = {}
+        count = len(picks)
+        order = sorted(range(count), key=lambda k: (picks[k][0].path, picks[k][1]))
+        for _, group in groupby(order, key=lambda k: picks[k][0].path):
+            ks = list(group)
+            chunk = picks[ks[0]][0]
+            for src in _sources(chunk):
+                layout = self.layout(src, version, lazy=True)
+                keep = self._keep(src, layout, fields)
+                names, starts = layout.columns, layout.block_starts
+                # Runs of picks in one block (sorted by index): [first, last) of ``ks``.
+                first = 0
+                while first < len(ks):
+                    block = bisect_right(starts, picks[ks[first]][1]) - 1
+                    last, limit = first + 1, starts[block + 1]
+                    while last < len(ks) and picks[ks[last]][1] < limit:
+                        last += 1
+                    outs = ks[first:last]
+                    first = last
+                    frames = select_frames(layout, block, keep)
+                    if not frames:
+                        continue
+                    base = starts[block]
+                    rows = [picks[k][1] - base for k in outs]
+                    buf = self._block_bytes(src, version, block, frames, "for take")
+                    at, n = frames[0].offset, limit - base
+                    for frame in frames:
+                        values = decode_values(buf, at, frame, n, rows, self.decoder, layout)
+                        column = columns.get(names[frame.column])
+                        if column is None:
+                            column = columns[names[frame.column]] = [None] * count
+                        for k, value in zip(outs, values, strict=True):
+                            if value is not ABSENT:
+                                column[k] = value
+        return columns
 
     def map_whole(self, chunk: ChunkRef, version: int) -> dict[str, bytes | memoryview]:
         """The buffers of the sources ``fetch`` reads whole (fields None), by path: cheap
@@ -855,14 +906,8 @@ class Snapshot(Sequence[Sample]):
         from ..format import arrow
 
         view = self if fields is None else self._nullable(fields)
-        wanted = list(indices)
-        n = len(self)
-        rows: dict[str, list[Any]] = {}
-        for k, index in enumerate(view._locate_many(wanted, n)):
-            chunk, local = index
-            sample = view._reader.sample(chunk, local, view.version, view._fields)
-            for name, value in sample.items():
-                rows.setdefault(name, [None] * len(wanted))[k] = value
+        picks = list(view._locate_many(list(indices), len(self)))
+        rows = view._reader.take(picks, view.version, view._fields)
         names = list(rows)
         table = arrow.table_of(names, [arrow.py_array(rows[name], name) for name in names])
         return arrow.cast(table, schema)
@@ -919,6 +964,11 @@ class Snapshot(Sequence[Sample]):
         ``size_limit``, ``storage_options``, ``progress``
         (``txstore.export_mds``)."""
         return exports.export_mds(self, dest, **options)
+
+
+def _sources(chunk: ChunkRef) -> list[ChunkFile]:
+    """The files a sample of ``chunk`` is read from: the chunk file, then its field files."""
+    return chunk_files(chunk) if chunk.field_files else [base_file(chunk)]
 
 
 class _ChunkTables:

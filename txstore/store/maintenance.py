@@ -180,7 +180,10 @@ def reach(
         out.segments[ref.path] = ref
         version = min(owners[ref.path])
         for chunk in got:
-            out.chunks.setdefault(chunk, version)
+            # Later segments repeat most chunks of earlier ones: their files are known.
+            if chunk in out.chunks:
+                continue
+            out.chunks[chunk] = version
             for f in chunk_files(chunk):
                 out.files.setdefault(f.path, f)
     return out

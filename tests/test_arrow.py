@@ -341,3 +341,36 @@ def test_arrays_read_back_as_fixed_size_lists(tmp_path: Path) -> None:
     got = np.array(table.column("a").to_pylist(), dtype=np.int16)
     assert np.array_equal(got, np.stack(arrays))
     assert table.column("r").to_pylist() == [list(range(i % 4)) for i in range(N)]
+
+
+def test_values_of_one_encoded_size_read_back_exactly(tmp_path: Path) -> None:
+    # Columns whose values all encode to one size are read by copying each value's bytes
+    # after its header: a block whose values are unevenly spaced (sizes 39 and 41 beside
+    # 40) or whose header differs (an int32 array among float32 ones of the same size) must
+    # not be cut at the wrong place or reinterpreted.
+    store = _store(tmp_path)
+    n = 300
+    blobs = [bytes([i % 251]) * 40 for i in range(n)]
+    blobs[250], blobs[251] = b"a" * 39, b"b" * 41
+    arrays = [np.arange(4, dtype=np.float32) + i / 2 for i in range(n)]
+    arrays[270] = np.arange(4, dtype=np.int32) * 1000
+    texts = ["é" * 10 if i % 2 else "a" * 20 for i in range(n)]  # 20 bytes each
+    wide = [np.arange(3, dtype=">f8") * i for i in range(n)]
+    store.append(
+        [
+            {"blob": b, "arr": a, "text": t, "wide": w}
+            for b, a, t, w in zip(blobs, arrays, texts, wide, strict=True)
+        ]
+    )
+    snap = store.snapshot()
+    assert len(snap.chunk_refs()) > 1
+    table = snap.to_arrow()
+    assert table.column("blob").to_pylist() == blobs
+    assert table.column("text").to_pylist() == texts
+    got = np.array(table.column("arr").to_pylist(), dtype=np.float64)
+    assert np.array_equal(got, np.stack(arrays).astype(np.float64))
+    assert table.schema.field("wide").type == pa.list_(pa.float64(), 3)
+    assert np.array_equal(np.array(table.column("wide").to_pylist()), np.stack(wide))
+    even = store.snapshot(store.append([{"blob": b"c" * 40}] * 50).version)
+    tail = even.to_arrow(["blob"]).column("blob").to_pylist()
+    assert tail == [*blobs, *[b"c" * 40] * 50]

@@ -466,12 +466,79 @@ def py_array(values: list[Any], name: str) -> pa.Array:
         raise EncodeError(f"column {name!r}: its values have no one Arrow type ({e})") from None
 
 
+#: The MessagePack tags a value of bytes, str or a numpy array starts with.
+_SIZED_TAGS = frozenset(
+    [*range(0xA0, 0xC0), 0xC4, 0xC5, 0xC6, 0xC7, 0xC8, 0xC9, *range(0xD4, 0xDC)]
+)
+
+
+def _uniform_array(frames: list[tuple[int, memoryview | None, bool]], decoder: Any) -> Any:
+    """A column whose values all have one encoded size and the same leading bytes (bytes or
+    strs of one length, numpy arrays of one dtype and shape: images, latents, token windows),
+    with each value's bytes copied once, block by block, from the frames into the Arrow
+    buffer; None for any other column. A header gives the type and length of its value, so
+    rows of one size that each start with the first value's header are each such a value,
+    one after the other, and the first value decoded stands for all."""
+    size = -1
+    blocks = []
+    for n, raw, _ in frames:
+        assert raw is not None
+        if n == 0:
+            continue
+        table = len(raw) - 4 * n
+        if table < 0:
+            return None
+        head = int.from_bytes(raw[table : table + 4], "little")  # the first value's offset
+        span = table - head
+        if size < 0:
+            size = span // n
+            if span <= 0 or raw[head] not in _SIZED_TAGS:
+                return None
+        if size <= 0 or span != size * n:
+            return None
+        blocks.append(np.frombuffer(raw, dtype=np.uint8, count=span, offset=head).reshape(n, size))
+    if not blocks:
+        return None
+    first = blocks[0][0]
+    one = decoder.decode(first)
+    kind = type(one)
+    if kind is bytes or kind is str:
+        payload = len(one) if kind is bytes else len(one.encode())
+    elif kind is np.ndarray and one.dtype.kind in "biuf":
+        payload = one.nbytes
+    else:
+        return None
+    skip = size - payload
+    if skip <= 0 or payload == 0:
+        return None
+    if not (np.concatenate([rows[:, :skip] for rows in blocks]) == first[:skip]).all():
+        return None
+    out = np.concatenate([rows[:, skip:] for rows in blocks])
+    total = len(out)
+    if kind is np.ndarray:
+        values = out.reshape(-1).view(one.dtype)
+        if one.dtype.byteorder == ">":
+            values = values.astype(one.dtype.newbyteorder("="))
+        return _tensor(values, (total, *one.shape))
+    large = total * payload > 2**31 - 1
+    offsets_out = np.arange(total + 1, dtype=np.int64 if large else np.int32) * payload
+    if kind is bytes:
+        arrow_type = pa.large_binary() if large else pa.binary()
+    else:
+        arrow_type = pa.large_string() if large else pa.string()
+    buffers = [None, pa.py_buffer(offsets_out), pa.py_buffer(out)]
+    return pa.Array.from_buffers(arrow_type, total, buffers, null_count=0)
+
+
 def column_array(
     frames: list[tuple[int, memoryview | None, bool]], name: str, decoder: Any
 ) -> pa.Array:
     """One column of a chunk's blocks: per block its sample count and its frame's raw bytes
     (None where the block has no such column) and whether the frame is sparse."""
     if all(raw is not None and not sparse for _, raw, sparse in frames):
+        uniform = _uniform_array(frames, decoder)
+        if uniform is not None:
+            return uniform
         bodies, starts, base = [], [], 0
         for n, raw, _ in frames:
             assert raw is not None

@@ -374,3 +374,25 @@ def test_values_of_one_encoded_size_read_back_exactly(tmp_path: Path) -> None:
     even = store.snapshot(store.append([{"blob": b"c" * 40}] * 50).version)
     tail = even.to_arrow(["blob"]).column("blob").to_pylist()
     assert tail == [*blobs, *[b"c" * 40] * 50]
+
+
+def test_a_frame_whose_offsets_point_outside_its_values_is_corrupt() -> None:
+    import msgspec
+
+    from txstore.errors import CorruptError
+    from txstore.format.arrow import column_array
+    from txstore.format.values import ValueDecoder
+
+    def frame(values: list[Any], offsets: list[int]) -> memoryview:
+        body = b"".join(msgspec.msgpack.encode(v) for v in values)
+        return memoryview(body + np.array(offsets, dtype="<u4").tobytes())
+
+    decoder = ValueDecoder()
+    good = [(3, frame([1, 300, -2], [0, 1, 4]), False), (2, frame([7, 8], [0, 1]), False)]
+    assert column_array(good, "x", decoder).to_pylist() == [1, 300, -2, 7, 8]
+    past_the_end = [good[0], (2, frame([7, 8], [0, 9]), False)]
+    with pytest.raises(CorruptError, match="offset table"):
+        column_array(past_the_end, "x", decoder)
+    backwards = [(3, frame([1, 300, -2], [0, 4, 1]), False)]
+    with pytest.raises(CorruptError, match="offset table"):
+        column_array(backwards, "x", decoder)

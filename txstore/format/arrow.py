@@ -367,11 +367,16 @@ def _fast_array(
         hlen, length = found
         if not (hlen + length == ends_v - starts_v).all():
             return None
-        if not nulls and (hlen == hlen[0]).all() and (length == length[0]).all():
+        adjacent = bool((starts[1:] == ends[:-1]).all())  # no bytes between the values
+        if adjacent and not nulls and (hlen == hlen[0]).all() and (length == length[0]).all():
             h = int(hlen[0])  # one length: a row per value, its header cut off
             data = body[int(starts[0]) : int(ends[-1])].reshape(n, -1)[:, h:].reshape(-1)
         else:
-            keep = np.ones(len(body), dtype=bool)  # the bytes of the values, not the nils
+            # The bytes of the values (not of the nils, nor between values), less headers.
+            marks = np.zeros(len(body) + 1, dtype=np.int64)
+            np.add.at(marks, starts, 1)
+            np.add.at(marks, ends, -1)
+            keep = np.cumsum(marks[:-1]) > 0
             keep[starts[~valid]] = False
             for k in range(int(hlen.max())):
                 rows = hlen > k
@@ -530,6 +535,35 @@ def _uniform_array(frames: list[tuple[int, memoryview | None, bool]], decoder: A
     return pa.Array.from_buffers(arrow_type, total, buffers, null_count=0)
 
 
+def _locate_values(
+    frames: list[tuple[int, memoryview | None, bool]],
+) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any]] | None:
+    """The frames joined, and where each value starts and ends in them, from each frame's
+    table of offsets (its last 4 bytes per value), for all blocks at once; None if a table
+    points outside its frame's values."""
+    raws = [raw for _, raw, _ in frames]
+    counts = np.array([n for n, _, _ in frames], dtype=np.int64)
+    sizes = np.array([len(raw) for raw in raws], dtype=np.int64)  # type: ignore[arg-type]
+    joined = np.frombuffer(b"".join(raws), dtype=np.uint8)  # type: ignore[arg-type]
+    frame_starts = np.zeros(len(raws), dtype=np.int64)
+    np.cumsum(sizes[:-1], out=frame_starts[1:])
+    tables = frame_starts + sizes - 4 * counts  # where each frame's table starts
+    if (tables < frame_starts).any():
+        return None
+    block = np.repeat(np.arange(len(raws)), counts)
+    firsts = np.cumsum(counts) - counts  # the number of each block's first value
+    entry = tables[block] + 4 * (np.arange(len(block)) - firsts[block])
+    offsets = joined[entry[:, None] + np.arange(4)].view("<u4").reshape(-1).astype(np.int64)
+    starts = frame_starts[block] + offsets
+    ends = np.empty_like(starts)
+    ends[:-1] = starts[1:]
+    filled = counts > 0
+    ends[(firsts + counts - 1)[filled]] = tables[filled]  # a block's last value ends at its table
+    if ((starts < frame_starts[block]) | (ends > tables[block]) | (ends < starts)).any():
+        return None
+    return joined, starts, ends
+
+
 def column_array(
     frames: list[tuple[int, memoryview | None, bool]], name: str, decoder: Any
 ) -> pa.Array:
@@ -539,18 +573,10 @@ def column_array(
         uniform = _uniform_array(frames, decoder)
         if uniform is not None:
             return uniform
-        bodies, starts, base = [], [], 0
-        for n, raw, _ in frames:
-            assert raw is not None
-            table = len(raw) - 4 * n
-            offsets = np.frombuffer(raw, dtype="<u4", count=n, offset=table).astype(np.int64)
-            head = int(offsets[0])
-            bodies.append(np.frombuffer(raw, dtype=np.uint8, count=table - head, offset=head))
-            starts.append(offsets - head + base)
-            base += table - head
-        body = bodies[0] if len(bodies) == 1 else np.concatenate(bodies)
-        all_starts = np.concatenate(starts)
-        ends = np.append(all_starts[1:], base)
+        located = _locate_values(frames)
+        if located is None:
+            raise CorruptError("a frame's offset table points outside its values")
+        body, all_starts, ends = located
         found = _fast_array(body, all_starts, ends, decoder)
         if found is not None:
             return found

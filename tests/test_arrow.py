@@ -396,3 +396,14 @@ def test_a_frame_whose_offsets_point_outside_its_values_is_corrupt() -> None:
     backwards = [(3, frame([1, 300, -2], [0, 4, 1]), False)]
     with pytest.raises(CorruptError, match="offset table"):
         column_array(backwards, "x", decoder)
+
+
+def test_values_of_two_sizes_averaging_to_one_read_back(tmp_path: Path) -> None:
+    # "" and "ab" encode to 1 and 3 bytes: a block of them looks like values of 2 bytes.
+    store = _store(tmp_path)
+    texts = ["" if i % 2 else "ab" for i in range(40)]
+    blobs = [b"" if i % 2 else b"xy" for i in range(40)]
+    store.append([{"t": t, "b": b} for t, b in zip(texts, blobs, strict=True)])
+    table = store.snapshot().to_arrow()
+    assert table.column("t").to_pylist() == texts
+    assert table.column("b").to_pylist() == blobs

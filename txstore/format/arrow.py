@@ -36,7 +36,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute
 
-from ..errors import CorruptError, EncodeError
+from ..errors import CorruptError, EncodeError, TxstoreError
 from . import columnar as col
 from .chunk import FLAG_SPARSE
 from .columnar import ColumnBatch, Encoded
@@ -505,7 +505,10 @@ def _uniform_array(frames: list[tuple[int, memoryview | None, bool]], decoder: A
     if not blocks:
         return None
     first = blocks[0][0]
-    one = decoder.decode(first)
+    try:
+        one = decoder.decode(first)
+    except (*msgspec_errors, TxstoreError):  # values of other sizes: the general path says
+        return None
     kind = type(one)
     if kind is bytes or kind is str:
         payload = len(one) if kind is bytes else len(one.encode())

@@ -582,7 +582,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     info = machine_info(default_workdir(), PACKAGES)
     print_machine(info)
-    report = new_report("bench_writers", info, args.quick)
+    report = new_report("bench_writers", info, args.quick, repeat=1)
     report["settings"] = {"duration_s": args.duration, "samples": args.samples,
                           "sample_bytes": args.sample_bytes, "count_http": args.count_http,
                           "writers": args.writer_counts, "modes": args.mode_list,

@@ -917,12 +917,17 @@ def writers_section(report: Report) -> str:
         + [fmt(r["requests_per_commit"].get(k), ".2f") for k in kinds]
         for r in rows_in
     ]
-    cpu_rows = [
-        [r["mode"], str(r["writers"])]
-        + [f"{r['cpu'][k] / r['window_s']:.2f}" for k in ("server_s", "writers_s")]
-        + [f"{r['cpu']['coordinator_s'] / r['window_s']:.2f}"]
-        for r in rows_in
-    ]
+    cpu_rows = []
+    for r in rows_in:
+        calls = sum(r["requests_per_commit"].values()) * r["commits"]
+        cpu = r["cpu"]
+        cpu_rows.append(
+            [r["mode"], str(r["writers"])]
+            + [f"{cpu[k] / r['window_s']:.2f}" for k in ("server_s", "writers_s", "coordinator_s")]
+            + [fmt(1000 * cpu["server_s"] / calls if calls else None, ".1f")]
+            + [fmt(1000 * (cpu["writers_s"] + cpu["coordinator_s"]) / calls if calls else None,
+                   ".1f")]
+        )  # fmt: skip
     staged = [r for r in rows_in if "phases_ms_p50" in r]
     phase_rows = [
         [r["mode"], str(r["writers"])]
@@ -966,8 +971,10 @@ def writers_section(report: Report) -> str:
         "S3 calls per commit (per round for the staged modes, the writers' and the "
         "coordinator's together), by operation and object:\n",
         table(["mode", "N", *kinds], call_rows) + "\n",
-        "CPU, in cores busy over the run:\n",
-        table(["mode", "N", "moto", "writers", "coordinator"], cpu_rows) + "\n",
+        "CPU, in cores busy over the run, and CPU milliseconds per S3 call (the server's; "
+        "the writers' and coordinator's, which sign, send and parse):\n",
+        table(["mode", "N", "moto", "writers", "coordinator", "moto ms/call", "client ms/call"],
+              cpu_rows) + "\n",
         ("Staged rounds, p50 of each phase (ms): the writers' parts (from the handle sent to "
          "the last part back), one writer's part alone, the coordinator's `add`s, the "
          "commit:\n") if phase_rows else "",

@@ -924,6 +924,7 @@ def writers_section(report: Report) -> str:
         cpu_rows.append(
             [r["mode"], str(r["writers"])]
             + [f"{cpu[k] / r['window_s']:.2f}" for k in ("server_s", "writers_s", "coordinator_s")]
+            + [f"{calls / r['window_s']:.0f}"]
             + [fmt(1000 * cpu["server_s"] / calls if calls else None, ".1f")]
             + [fmt(1000 * (cpu["writers_s"] + cpu["coordinator_s"]) / calls if calls else None,
                    ".1f")]
@@ -971,10 +972,11 @@ def writers_section(report: Report) -> str:
         "S3 calls per commit (per round for the staged modes, the writers' and the "
         "coordinator's together), by operation and object:\n",
         table(["mode", "N", *kinds], call_rows) + "\n",
-        "CPU, in cores busy over the run, and CPU milliseconds per S3 call (the server's; "
-        "the writers' and coordinator's, which sign, send and parse):\n",
-        table(["mode", "N", "moto", "writers", "coordinator", "moto ms/call", "client ms/call"],
-              cpu_rows) + "\n",
+        "CPU, in cores busy over the run; the S3 calls the server answered per second; CPU "
+        "milliseconds per S3 call (the server's; the writers' and coordinator's, which sign, "
+        "send and parse):\n",
+        table(["mode", "N", "moto", "writers", "coordinator", "S3 calls/s", "moto ms/call",
+               "client ms/call"], cpu_rows) + "\n",
         ("Staged rounds, p50 of each phase (ms): the writers' parts (from the handle sent to "
          "the last part back), one writer's part alone, the coordinator's `add`s, the "
          "commit:\n") if phase_rows else "",

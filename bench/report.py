@@ -4,9 +4,9 @@
 
 Each input is the ``--json`` output of one script (bench_append.py, its --commit-latency part,
 bench_optimize.py, bench_read.py, bench_fields.py, bench_remote.py, bench_tokens.py,
-bench_scale.py, bench_arrow.py, bench_import.py); the script that wrote it is in its ``script``
-field. A section appears for every kind of report given; the plots need matplotlib (in the
-bench venv, never a txstore dependency).
+bench_scale.py, bench_arrow.py, bench_import.py, bench_writers.py); the script that wrote it
+is in its ``script`` field. A section appears for every kind of report given; the plots need
+matplotlib (in the bench venv, never a txstore dependency).
 """
 
 # ruff: noqa: RUF001, RUF002  (the report writes the multiplication sign on purpose)
@@ -875,6 +875,117 @@ def import_section(report: Report) -> str:
     ])  # fmt: skip
 
 
+WRITER_MODES = {
+    "appends": "each writer `append`s",
+    "staged": "one staged commit per round of N parts",
+    "staged-reuse": "staged, each writer's client kept",
+}
+
+
+def writers_section(report: Report) -> str:
+    rows_in = sorted(
+        report["rows"], key=lambda r: (list(WRITER_MODES).index(r["mode"]), r["writers"])
+    )
+    settings = report.get("settings", {})
+    cores = rows_in[0]["cpu"]["cores"] if rows_in else "?"
+    headers = ["mode", "N", "commits/s", "per writer", "samples/s", "× 1 writer"]
+    headers += ["p50 ms", "p99 ms", "attempts", "retried", "S3 calls", "ms/call", "busy cores"]
+    rows = []
+    for r in rows_in:
+        calls = sum(r["requests_per_commit"].values())
+        appends = r["mode"] == "appends"
+        per_call = r["latency_ms"]["mean"] / calls if appends and calls else None
+        retried = r["attempts"].get("retried_share")
+        rows.append([
+            r["mode"],
+            str(r["writers"]),
+            f"{r['commits_per_s']:.1f}",
+            f"{r['commits_per_s'] / r['writers']:.2f}" if appends else "-",
+            f"{r['samples_per_s']:.1f}",
+            x(r.get("x_one_writer_samples")),
+            f"{r['latency_ms']['p50']:.0f}",
+            f"{r['latency_ms']['p99']:.0f}",
+            f"{r['attempts']['mean']:.2f} (max {r['attempts']['max']})",
+            "-" if retried is None else f"{100 * retried:.0f}%",
+            f"{calls:.1f}",
+            fmt(per_call, ".1f"),
+            f"{r['cpu']['busy_cores']:.2f}",
+        ])  # fmt: skip
+    kinds = sorted({k for r in rows_in for k in r["requests_per_commit"]})
+    call_rows = [
+        [r["mode"], str(r["writers"])]
+        + [fmt(r["requests_per_commit"].get(k), ".2f") for k in kinds]
+        for r in rows_in
+    ]
+    cpu_rows = []
+    for r in rows_in:
+        calls = sum(r["requests_per_commit"].values()) * r["commits"]
+        cpu = r["cpu"]
+        cpu_rows.append(
+            [r["mode"], str(r["writers"])]
+            + [f"{cpu[k] / r['window_s']:.2f}" for k in ("server_s", "writers_s", "coordinator_s")]
+            + [f"{calls / r['window_s']:.0f}"]
+            + [fmt(1000 * cpu["server_s"] / calls if calls else None, ".1f")]
+            + [fmt(1000 * (cpu["writers_s"] + cpu["coordinator_s"]) / calls if calls else None,
+                   ".1f")]
+        )  # fmt: skip
+    staged = [r for r in rows_in if "phases_ms_p50" in r]
+    phase_rows = [
+        [r["mode"], str(r["writers"])]
+        + [f"{r['phases_ms_p50'][k]:.0f}" for k in ("parts", "one_part_write", "add", "commit")]
+        for r in staged
+    ]
+    appends = [r for r in rows_in if r["mode"] == "appends"]
+    summary = ""
+    if appends:
+        best = max(appends, key=lambda r: r["commits_per_s"])
+        last = appends[-1]
+        summary = (
+            f"Appending writers peak at N = {best['writers']} ({best['commits_per_s']:.1f} "
+            f"commits/s, {x(best.get('x_one_writer_commits'))} one writer's); at N = "
+            f"{last['writers']} they make {last['commits_per_s']:.1f} commits/s "
+            f"({x(last.get('x_one_writer_commits'))}), a commit taking "
+            f"{last['attempts']['mean']:.2f} tries on average (at most "
+            f"{last['attempts']['max']}) and {sum(last['requests_per_commit'].values()):.1f} S3 "
+            f"calls, against {sum(appends[0]['requests_per_commit'].values()):.1f} alone."
+        )
+    duration = settings.get("duration_s", "?")
+    return "\n".join([
+        "## Many writers on one S3 store\n",
+        f"`bench_writers.py`: N writer processes (spawned) commit to one store in a moto_server "
+        f"process on this {cores}-core machine (no network latency added), for {duration} s a "
+        f"run, each commit {settings.get('samples', 1)} sample of "
+        f"{settings.get('sample_bytes', 1024)} B. *appends*: each writer calls "
+        "`store.append` in a loop (optimistic concurrency: a lost race rebases and tries "
+        "again; `attempts` is `Commit.attempts`). *staged*: a coordinator opens "
+        "`store.transaction()` per round, the N writers each write a part through "
+        "`StagedWriter(handle)` and hand it back as JSON, the coordinator `add`s them (reading "
+        "each chunk back) and commits once; rounds follow one another. *staged-reuse*: the "
+        "same, each writer keeping the s3fs client it opened for the first transaction (a "
+        "patch in the benchmark: `StagedWriter` opens a new one per handle). S3 calls are "
+        "counted in every process at s3fs's `_call_s3`; `× 1 writer` is samples/s against "
+        "one appending writer; `ms/call` is the mean commit latency over its calls; busy "
+        "cores is the CPU time of the server, the writers and the coordinator over the run "
+        f"(all of them share the {cores} cores).\n",
+        table(headers, rows) + "\n",
+        summary + "\n" if summary else "",
+        "S3 calls per commit (per round for the staged modes, the writers' and the "
+        "coordinator's together), by operation and object:\n",
+        table(["mode", "N", *kinds], call_rows) + "\n",
+        "CPU, in cores busy over the run; the S3 calls the server answered per second; CPU "
+        "milliseconds per S3 call (the server's; the writers' and coordinator's, which sign, "
+        "send and parse):\n",
+        table(["mode", "N", "moto", "writers", "coordinator", "S3 calls/s", "moto ms/call",
+               "client ms/call"], cpu_rows) + "\n",
+        ("Staged rounds, p50 of each phase (ms): the writers' parts (from the handle sent to "
+         "the last part back), one writer's part alone, the coordinator's `add`s, the "
+         "commit:\n") if phase_rows else "",
+        table(["mode", "N", "parts", "one part", "add", "commit"], phase_rows) + "\n"
+        if phase_rows else "",
+        run_line([report]) + "\n",
+    ])  # fmt: skip
+
+
 def _remote(report: Report) -> dict[tuple[str, float, str, str, str], Row]:
     return {
         (r["kind"], r["latency_ms"], r["workload"], r["task"], r["system"]): r["median"]
@@ -1212,6 +1323,8 @@ def generate(reports: Sequence[Report], plots: Plots, inputs: Sequence[Path]) ->
         parts.append(remote_section(by_kind["remote"], plots))
     if "tokens" in by_kind:
         parts.append(tokens_section(by_kind["tokens"]))
+    if "writers" in by_kind:
+        parts.append(writers_section(by_kind["writers"]))
     text = "\n".join(p.rstrip() + "\n" for p in parts if p)
     return text.replace("\n\n\n", "\n\n")
 

@@ -398,7 +398,7 @@ def value_type(dataset: Any, task: Task) -> str:
 def child_main(task: Task, result_path: Path) -> dict[str, Any]:
     import torch  # noqa: F401  (every child imports torch first, as the loaders need it)
 
-    info = {
+    info: dict[str, Any] = {
         "pyarrow_importable": importlib.util.find_spec("pyarrow") is not None,
         "payload_type": None,
     }

@@ -875,6 +875,53 @@ def import_section(report: Report) -> str:
     ])  # fmt: skip
 
 
+def reconcile_section(report: Report) -> str:
+    rows = report["rows"]
+
+    def rate(r: Row | None) -> str:
+        if r is None:
+            return "-"
+        if r["check"] != "ok":
+            return "stalled"
+        return f"{r['samples_per_s']['median']:,.0f}"
+
+    touches = list(report["touches"])
+    seq: dict[tuple[str, str], dict[str, Row]] = {}
+    for r in rows:
+        if r["task"] == "seq" and r["epoch"] == 1:
+            seq.setdefault((r["layout"], r["mode"]), {})[r["touch"]] = r
+    seq_rows = [
+        [f"{layout}, {mode}", *(rate(by.get(t)) for t in touches)]
+        for (layout, mode), by in seq.items()
+    ]
+    collates = list(report["collates"])
+    dl: dict[tuple[str, str], dict[str, Row]] = {}
+    for r in rows:
+        if r["task"] == "dl":
+            dl.setdefault((r["layout"], r["mode"]), {})[r["collate"]] = r
+    dl_rows = [
+        [f"{layout}, {loader}", *(rate(by.get(c)) for c in collates)]
+        for (layout, loader), by in dl.items()
+    ]
+    w = report["workload"]
+    return "\n".join([
+        "## Why harnesses disagree on W2\n",
+        f"`reconcile_w2.py` (bench/README.md says why): {w['num_samples']:,} samples of "
+        f"{w['payload_size'] // 1024} KiB, warm page cache, each figure a fresh process, "
+        "median samples/s of the repeats. LitData written three ways: `lit-bytes` (jpeg as "
+        "bytes, no pyarrow), `lit-numpy` (jpeg as a numpy array), `lit-arrow` (bytes with "
+        "pyarrow importable, which makes LitData write its Arrow layout).\n",
+        "Sequential epoch (first epoch), by what each sample's jpeg is touched with: "
+        + "; ".join(f"{k}: {v}" for k, v in report["touches"].items()) + ".\n",
+        table(["layout, mode", *touches], seq_rows) + "\n",
+        "2-worker DataLoader, batch 64, by collate: "
+        + "; ".join(f"{k}: {v}" for k, v in report["collates"].items())
+        + " (stalled: no batch within the cap).\n",
+        table(["layout, loader", *collates], dl_rows) + "\n",
+        run_line([report]) + "\n",
+    ])  # fmt: skip
+
+
 WRITER_MODES = {
     "appends": "each writer `append`s",
     "staged": "one staged commit per round of N parts",
@@ -1325,6 +1372,8 @@ def generate(reports: Sequence[Report], plots: Plots, inputs: Sequence[Path]) ->
         parts.append(tokens_section(by_kind["tokens"]))
     if "writers" in by_kind:
         parts.append(writers_section(by_kind["writers"]))
+    if "reconcile_w2" in by_kind:
+        parts.append(reconcile_section(by_kind["reconcile_w2"]))
     text = "\n".join(p.rstrip() + "\n" for p in parts if p)
     return text.replace("\n\n\n", "\n\n")
 

@@ -15,9 +15,9 @@ run lasts ``--duration`` seconds (default 10; ``--quick``: 3, and N in 1, 2, 4).
   every part (which reads each chunk back) and commits once. Rounds follow one another: one
   commit per round of N parts. Samples/s and commits/s are reported.
 - ``staged-reuse``: as ``staged``, but each writer process keeps the storage (s3fs client,
-  connections) it opened for the first handle and reuses it for every later one (a patch in
-  the writer process, not in txstore): ``StagedWriter(handle)`` opens a new client per
-  transaction, and this separates that cost from the protocol's.
+  connections) of its first writer and gives it to every later one
+  (``StagedWriter(handle, storage=...)``): ``StagedWriter(handle)`` alone opens a new client
+  per transaction, and this separates that cost from the protocol's.
 
 S3 requests are counted in each process at s3fs's one door to the S3 API (its ``_call_s3``,
 wrapped here, not in txstore): by operation and by kind of object (manifest, HEAD, chunk,
@@ -32,7 +32,6 @@ the cores, and a rate that stops growing says as much about CPU as about the pro
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import queue
@@ -166,25 +165,6 @@ def append_writer(spec: dict[str, Any], start: Any, out: Any) -> None:
     )
 
 
-def reuse_storage() -> None:
-    """Mode ``staged-reuse``: in this writer process, ``StagedWriter`` gets the storage (the
-    s3fs client and its connections) opened for the first handle again for every later
-    handle of the same store and options, instead of opening a new one per transaction."""
-    import txstore.store.staging as staging
-
-    namespace = vars(staging)  # where StagedWriter looks open_storage up
-    real = namespace["open_storage"]
-    opened: dict[tuple[str, str], Any] = {}
-
-    def cached(uri: Any, options: dict[str, Any] | None = None) -> Any:
-        key = (str(uri), json.dumps(options, sort_keys=True))
-        if key not in opened:
-            opened[key] = real(uri, options)
-        return opened[key]
-
-    namespace["open_storage"] = cached
-
-
 def staged_writer(spec: dict[str, Any], inbox: Any, out: Any) -> None:
     """One writer of ``staged``: for every handle it is sent, one part, sent back as JSON."""
     import txstore  # noqa: F401  (imported before "ready", as the appends writers do)
@@ -192,8 +172,7 @@ def staged_writer(spec: dict[str, Any], inbox: Any, out: Any) -> None:
     from txstore.store.staging import StagedWriter
 
     i = spec["writer"]
-    if spec["reuse_client"]:
-        reuse_storage()
+    kept = None  # staged-reuse: the storage of the first writer, given to every later one
     counters: dict[int, RequestCounter] = {}
     out.put(("ready", i))
     cpu0: float | None = None
@@ -206,8 +185,10 @@ def staged_writer(spec: dict[str, Any], inbox: Any, out: Any) -> None:
         if measured and cpu0 is None:
             cpu0 = time.process_time()
         t = time.perf_counter()
-        writer = StagedWriter(TransactionHandle.from_json(handle_json))
-        storage = writer._storage
+        writer = StagedWriter(TransactionHandle.from_json(handle_json), storage=kept)
+        storage = writer.storage
+        if spec["reuse_client"]:
+            kept = storage
         if id(storage) not in counters:  # a new client (each time, unless reused)
             counters = {id(storage): RequestCounter(storage)}
         counter = counters[id(storage)]

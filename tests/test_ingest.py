@@ -189,3 +189,25 @@ def test_overwrite_racing_a_commit_conflicts(tmp_path: Path) -> None:
     with pytest.raises(ConflictError, match="committed meanwhile"):
         optimize(slow, range(5), str(tmp_path / "s"), mode="overwrite", progress=False)
     assert _ids(racer) == [*range(10), 99]
+
+
+def test_a_writer_process_keeps_one_storage_across_transactions(tmp_path: Path) -> None:
+    from txstore.store.staging import StagedWriter
+
+    store = txstore.create(str(tmp_path / "s"))
+    other = txstore.create(str(tmp_path / "other"))
+    kept = None
+    for round_no in range(3):
+        with store.transaction() as txn:
+            handle = TransactionHandle.from_json(txn.handle.to_json())  # as sent elsewhere
+            writer = StagedWriter(handle, storage=kept)
+            if kept is not None:
+                assert writer.storage is kept
+            kept = writer.storage
+            writer.write({"id": round_no * 10 + k} for k in range(10))
+            txn.add(StagedPart.from_json(writer.finish().to_json()))
+    assert _ids(store) == list(range(30))
+    with pytest.raises(ValueError, match="handle's store"):
+        StagedWriter(handle, storage=other.storage)
+    assert store.version == 3 and other.version == 0
+    assert not list((tmp_path / "other").glob("chunks/*"))

@@ -81,12 +81,25 @@ def check_files(storage: Storage, part: StagedPart) -> None:
 class StagedWriter:
     """Writes samples as chunks for a transaction; usable in any process that has the handle."""
 
-    def __init__(self, handle: TransactionHandle) -> None:
+    def __init__(self, handle: TransactionHandle, *, storage: Storage | None = None) -> None:
+        """``storage``: the open storage of the handle's store to write through (an earlier
+        writer's ``storage``), so that a process writing a part for transaction after
+        transaction keeps one client and its connections rather than opening one per handle
+        (on S3 that open costs more than a small part's writes); by default one is opened."""
+        if storage is not None and storage.uri != handle.uri:
+            raise ValueError(
+                f"the storage given is of {storage.uri}, the handle's store is {handle.uri}"
+            )
         self.handle = handle
-        self._storage = open_storage(handle.uri, handle.storage_options or None)
+        self._storage = storage or open_storage(handle.uri, handle.storage_options or None)
         self._writer = ChunkWriter(self._storage, handle.config)
         #: Told of the part ``finish`` makes (a transaction's own writers: see its ``writer``).
         self._on_finish: Callable[[StagedPart], None] | None = None
+
+    @property
+    def storage(self) -> Storage:
+        """The storage this writer writes through (to give the next writer)."""
+        return self._storage
 
     def write(self, samples: Iterable[dict[str, Any]]) -> None:
         self._writer.write(samples)
@@ -149,7 +162,7 @@ class Transaction:
         self.result: Commit | None = None
 
     def writer(self) -> StagedWriter:
-        writer = StagedWriter(self.handle)
+        writer = StagedWriter(self.handle, storage=self._ctx.storage)
         writer._on_finish = self._made
         self._writers.append(weakref.ref(writer))
         return writer

@@ -51,6 +51,7 @@ from typing import Any
 
 from txbench.output import finish_report, fmt, markdown_table, new_report
 from txbench.peers import import_mds_writer, run_litdata_optimize, write_mds
+from txbench.servers import wait_for
 from txbench.shaper import Shaper
 from txbench.system import (
     TXSTORE_SRC_ENV,
@@ -104,21 +105,6 @@ def remote_workload(workload: Workload, quick: bool) -> Workload:
 
 
 # --------------------------------------------------------------------------- servers
-
-
-def wait_for(url: str, proc: subprocess.Popen[bytes], name: str) -> None:
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            urllib.request.urlopen(url, timeout=1).close()
-            return
-        except OSError as e:
-            if getattr(e, "code", None):  # an HTTP error: the server is up
-                return
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise SystemExit(f"{name} did not start") from None
-            time.sleep(0.1)
 
 
 @dataclass

@@ -206,6 +206,14 @@ def staged_writer(spec: dict[str, Any], inbox: Any, out: Any) -> None:
 # --------------------------------------------------------------------------- the runs
 
 
+def stop_all(procs: Sequence[Any]) -> None:
+    """Join each writer process, killing one that has not ended within 30 s."""
+    for p in procs:
+        p.join(30)
+        if p.is_alive():
+            p.kill()
+
+
 def percentile(values: Sequence[float], q: float) -> float | None:
     """Nearest rank."""
     if not values:
@@ -304,10 +312,7 @@ def run_appends(
         start.set()
         done = collect(out, n, "done", procs)
     finally:
-        for p in procs:
-            p.join(30)
-            if p.is_alive():
-                p.kill()
+        stop_all(procs)
     window = max(d["end"] for d in done.values())
     row = summarize_appends(n, done, window, args)
     run.end(row, window, sum(d["cpu_s"] for d in done.values()))
@@ -410,10 +415,7 @@ def run_staged(
             inbox.put(None)
         done = collect(out, n, "done", procs)
     finally:
-        for p in procs:
-            p.join(30)
-            if p.is_alive():
-                p.kill()
+        stop_all(procs)
     row = summarize_staged(mode, n, rounds, window, args)
     run.end(row, window, sum(d["cpu_s"] for d in done.values()))
     row["final_version"] = run.check(1 + len(rounds))  # the warm-up round and the rounds

@@ -45,6 +45,23 @@ class S3Server:
         stop(self.proc)
 
 
+def wait_for(url: str, proc: subprocess.Popen[bytes], name: str, timeout_s: float = 60.0) -> None:
+    """Return once ``url`` answers (an HTTP error counts: the server is up); kill ``proc``
+    and stop the run if it exits or ``timeout_s`` passes first."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=1).close()
+            return
+        except OSError as e:
+            if getattr(e, "code", None):
+                return
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise SystemExit(f"{name} did not start") from None
+            time.sleep(0.1)
+
+
 def start_moto(bucket: str = "bench", timeout_s: float = 60.0) -> S3Server:
     """moto_server (from this interpreter's environment) on a free loopback port, once it
     answers ``/moto-api/``, with ``bucket`` created by boto3."""
@@ -56,18 +73,7 @@ def start_moto(bucket: str = "bench", timeout_s: float = 60.0) -> S3Server:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            urllib.request.urlopen(endpoint + "/moto-api/", timeout=1).close()
-            break
-        except OSError as e:
-            if getattr(e, "code", None):  # an HTTP error: the server is up
-                break
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise SystemExit("moto_server did not start") from None
-            time.sleep(0.1)
+    wait_for(endpoint + "/moto-api/", proc, "moto_server", timeout_s)
     import boto3  # type: ignore[import-untyped, unused-ignore]
 
     client = boto3.client(

@@ -367,21 +367,18 @@ def _fast_array(
         hlen, length = found
         if not (hlen + length == ends_v - starts_v).all():
             return None
-        adjacent = bool((starts[1:] == ends[:-1]).all())  # no bytes between the values
-        if adjacent and not nulls and (hlen == hlen[0]).all() and (length == length[0]).all():
-            h = int(hlen[0])  # one length: a row per value, its header cut off
-            data = body[int(starts[0]) : int(ends[-1])].reshape(n, -1)[:, h:].reshape(-1)
-        else:
-            # The bytes of the values (not of the nils, nor between values), less headers.
-            marks = np.zeros(len(body) + 1, dtype=np.int64)
-            np.add.at(marks, starts, 1)
-            np.add.at(marks, ends, -1)
-            keep = np.cumsum(marks[:-1]) > 0
-            keep[starts[~valid]] = False
-            for k in range(int(hlen.max())):
-                rows = hlen > k
-                keep[starts_v[rows] + k] = False
-            data = body[keep]
+        # The bytes of the values (not of the nils, nor between frames), less headers; values
+        # of one length without nils were read by _uniform_array. A value has at least its
+        # tag, so starts (and ends) are distinct and one fancy add each marks them.
+        marks = np.zeros(len(body) + 1, dtype=np.int64)
+        marks[starts] += 1
+        marks[ends] -= 1
+        keep = np.cumsum(marks[:-1]) > 0
+        keep[starts[~valid]] = False
+        for k in range(int(hlen.max())):
+            rows = hlen > k
+            keep[starts_v[rows] + k] = False
+        data = body[keep]
         lengths = np.zeros(n, dtype=np.int64)
         lengths[valid] = length
         offsets = np.zeros(n + 1, dtype=np.int64)

@@ -44,16 +44,16 @@ def crc32(data: bytes | bytearray | memoryview, start: int = 0) -> int:
 #: python-xxhash's ``update`` releases the GIL for inputs above about 100 KB; a thread that
 #: then wants it back waits for the other thread's switch interval, once per frame, so large
 #: frames hash far slower beside a busy thread. Its one-shot functions hold the GIL at any
-#: size: frames up to ``_ONE_CALL_UP_TO`` take one call (about 50 us at most), larger ones
-#: or several parts go to ``update`` in pieces no larger than ``_PIECE``.
+#: size: frames up to ``_ONE_CALL_UP_TO`` take one call (short enough to hold the GIL
+#: through), larger ones or several parts go to ``update`` in pieces no larger than ``_PIECE``.
 _PIECE = 65536
 _ONE_CALL_UP_TO = 1 << 20
 
 
 def frame_checksum(parts: Sequence[bytes | memoryview]) -> int:
-    """The checksum of a frame's stored bytes (chunk format 2): XXH3-64, seed 0. At 20+ GB/s
-    it costs a read or a write almost nothing; CRC-32 (format 1) ran at 1 to 7 GB/s here and
-    was half the time of reading one sample."""
+    """The checksum of a frame's stored bytes (chunk format 2): XXH3-64, seed 0, which costs
+    a read or a write little beside copying the bytes; CRC-32 (format 1) was several times
+    slower, a large share of reading one sample (docs/benchmarks.md)."""
     if len(parts) == 1 and len(parts[0]) <= _ONE_CALL_UP_TO:
         return xxhash.xxh3_64_intdigest(parts[0])
     hasher = xxhash.xxh3_64()

@@ -91,7 +91,9 @@ class StagedWriter:
                 f"the storage given is of {storage.uri}, the handle's store is {handle.uri}"
             )
         self.handle = handle
-        self._storage = storage or open_storage(handle.uri, handle.storage_options or None)
+        if storage is None:
+            storage = open_storage(handle.uri, handle.storage_options or None)
+        self._storage = storage
         self._writer = ChunkWriter(self._storage, handle.config)
         #: Told of the part ``finish`` makes (a transaction's own writers: see its ``writer``).
         self._on_finish: Callable[[StagedPart], None] | None = None

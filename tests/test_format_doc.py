@@ -203,6 +203,39 @@ def _segment() -> None:
     assert ref.footer_offset <= ref.size
 
 
+def _segment_node() -> None:
+    node = fmt.decode(_json("segment-node"), fmt.SegmentNode, "format.md segment node")
+    _current_version(node)
+    for child in json.loads(_json("segment-node"))["segments"]:
+        assert set(child) <= _struct_fields(fmt.SegmentRef)
+    samples = sum(c.num_samples for c in node.segments)
+    chunks = sum(c.num_chunks for c in node.segments)
+    ref = fmt.SegmentRef(
+        path="segments/n.json", num_samples=samples, num_chunks=chunks, size=1, crc32=0, level=1
+    )
+    fmt.check_segment(ref, node, "format.md segment node")
+    # "every one at level k - 1" and "the sums ... equal those of the reference"
+    for wrong in (
+        msgspec.structs.replace(ref, level=2),
+        msgspec.structs.replace(ref, num_samples=samples + 1),
+        msgspec.structs.replace(ref, num_chunks=chunks - 1),
+    ):
+        with pytest.raises(txstore.CorruptError):
+            fmt.check_segment(wrong, node, "format.md segment node")
+    # A reader that predates nodes decodes one as a segment and refuses it (section 11.9).
+    with pytest.raises(txstore.CorruptError):
+        fmt.decode(_json("segment-node"), Segment, "format.md segment node")
+    # The writer's limits the text states are the ones txstore uses.
+    from txstore.store import segments
+
+    why = _section("**Why segments.**")
+    assert f"at most {segments.MAX_SEGMENT_CHUNKS}" in why
+    assert (
+        f"holds {segments.NODE_FANOUT} (at level 0: {segments.NODE_FANOUT} beyond the "
+        f"counter's newest {segments._COUNTER_TAIL})" in why.replace("\n", " ")
+    )
+
+
 def _head() -> None:
     head = fmt.decode(_json("head"), Head, "format.md HEAD")
     _current_version(head)
@@ -225,7 +258,7 @@ def _txn() -> None:
 def _chunk_ref_fields() -> None:
     ref_json = json.loads(_json("chunk-ref-fields"))
     # The reference lives in a segment: decoded as one, with its path checks.
-    wrapped = {"type": "segment", "format": "txstore", "format_version": [1, 2]}
+    wrapped = {"type": "segment", "format": "txstore", "format_version": [1, 3]}
     wrapped["chunks"] = [ref_json]
     (ref,) = fmt.decode(json.dumps(wrapped).encode(), Segment, "format.md field files").chunks
     assert set(ref_json) == _struct_fields(ChunkRef)
@@ -405,6 +438,7 @@ def _chunk_file() -> None:
 CHECKS = {
     "manifest": _manifest,
     "segment": _segment,
+    "segment-node": _segment_node,
     "head": _head,
     "txn": _txn,
     "chunk-ref-fields": _chunk_ref_fields,

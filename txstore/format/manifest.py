@@ -17,7 +17,7 @@ import msgspec
 from ..errors import CorruptError, UnsupportedFormatError
 
 FORMAT = "txstore"
-FORMAT_MAJOR, FORMAT_MINOR = 1, 2
+FORMAT_MAJOR, FORMAT_MINOR = 1, 3
 
 _SAFE_PATH = re.compile(r"[A-Za-z0-9_.\-]+(/[A-Za-z0-9_.\-]+)*")
 
@@ -194,14 +194,24 @@ def chunk_files(chunk: ChunkRef) -> list[ChunkFile]:
     return files
 
 
-class SegmentRef(msgspec.Struct, frozen=True, kw_only=True):
-    """A segment file (an immutable list of chunks) as a manifest names it."""
+#: 1.3: the deepest a segment tree may go (levels 0 to this). Far past what any store needs
+#: (each level multiplies the chunks a node covers by its fan-out), low enough that a forged
+#: level cannot make a reader descend for long.
+MAX_SEGMENT_LEVEL = 32
+SegmentLevel = Annotated[int, msgspec.Meta(ge=0, le=MAX_SEGMENT_LEVEL)]
+
+
+class SegmentRef(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A segment file as a manifest or a segment node names it: at ``level`` 0 a segment (an
+    immutable list of chunks), at level k > 0 (1.3) a segment node naming segment files of
+    level k - 1. ``num_samples`` and ``num_chunks`` count everything beneath it."""
 
     path: str
     num_samples: Count
     num_chunks: Count
     size: Count
     crc32: U32
+    level: SegmentLevel = 0  # omitted at 0: a 1.2 reader sees the references it knows
 
 
 class _Document(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
@@ -211,6 +221,42 @@ class _Document(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
 
 class Segment(_Document, tag="segment", kw_only=True, frozen=True):
     chunks: tuple[ChunkRef, ...]
+
+
+class SegmentNode(_Document, tag="segment-node", kw_only=True, frozen=True):
+    """1.3: an inner node of a manifest's segment tree: segment files one level down, in
+    sample order. Its own ``type``, so a reader that predates it refuses it as corrupt
+    rather than reading it as a segment of no chunks."""
+
+    segments: tuple[SegmentRef, ...]
+
+
+def check_segment(ref: SegmentRef, doc: Segment | SegmentNode, where: str) -> None:
+    """A segment file decoded under ``ref`` holds what ``ref`` says: a segment at level 0, a
+    node of non-empty references one level down above it, the same samples and chunks."""
+    if isinstance(doc, Segment):
+        if ref.level != 0:
+            raise CorruptError(f"{where} is a segment, its reference says level {ref.level}")
+        samples = sum(c.num_samples for c in doc.chunks)
+        chunks = len(doc.chunks)
+    else:
+        if ref.level == 0:
+            raise CorruptError(f"{where} is a segment node, its reference says a segment")
+        if not doc.segments:
+            raise CorruptError(f"{where} is a segment node naming no segments")
+        for child in doc.segments:
+            if child.level != ref.level - 1:
+                raise CorruptError(
+                    f"{where} is a segment node of level {ref.level} naming {child.path!r} "
+                    f"at level {child.level}, not {ref.level - 1}"
+                )
+        samples = sum(c.num_samples for c in doc.segments)
+        chunks = sum(c.num_chunks for c in doc.segments)
+    if samples != ref.num_samples or chunks != ref.num_chunks:
+        raise CorruptError(
+            f"{where} holds {chunks} chunks and {samples} samples, its reference says "
+            f"{ref.num_chunks} and {ref.num_samples}"
+        )
 
 
 class Manifest(_Document, tag="manifest", kw_only=True, frozen=True):
@@ -370,7 +416,7 @@ def decode(data: bytes, kind: type[D], where: str) -> D:
 def _check_references(doc: _Document, where: str) -> None:
     """The paths a document names are data files in their folders; a segment's chunks have
     their footers inside them."""
-    if isinstance(doc, Manifest):
+    if isinstance(doc, (Manifest, SegmentNode)):
         for seg in doc.segments:
             check_data_path(seg.path, SEGMENTS, where)
     elif isinstance(doc, Segment):

@@ -186,10 +186,10 @@ class Compaction:
             kept.append(ref)
             at += ref.num_chunks
         assert new[:at] == old[:at]
-        return (*kept, *self.segments.write_all(new[at:]))
+        return self.segments.extend(tuple(kept), new[at:])
 
     def _parent_chunks(self, m: Manifest) -> list[ChunkRef]:
-        return [c for ref in m.segments for c in self.segments.read(ref, version=m.version).chunks]
+        return self.segments.chunks(m.segments, version=m.version)
 
     def _commit(
         self,

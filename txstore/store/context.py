@@ -94,7 +94,7 @@ class StoreContext:
         """Commit ``chunks`` after the latest version, rebased over what ``append`` may be
         (``HistoryChangedError`` otherwise: nothing is committed, the caller decides)."""
         added = sum(c.num_samples for c in chunks)
-        new = self.segments.write_all(chunks) if chunks else ()
+        new = self.segments.write_leaves(chunks)
         rebase = Rebase(self.log, start.version, "append")
         commit_id = uuid.uuid4().hex
 

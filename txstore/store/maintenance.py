@@ -30,7 +30,7 @@ from ..txn import VersionLog
 from ..txn.log import version_of_key
 from .progress import QUIET, Progress
 from .refs import RETENTION_KEY, Refs, find_expired, lease_key, with_expired
-from .segments import Segments
+from .segments import Loaded, Node, Segments
 
 logger = logging.getLogger(__name__)
 
@@ -153,39 +153,39 @@ def reach(
                 )
             )
 
-    def read(ref: SegmentRef) -> tuple[ChunkRef, ...] | Exception:
+    def read(ref: SegmentRef) -> Loaded | Exception:
         try:
-            return segments.read(ref, fresh=True).chunks
+            return segments.read(ref, fresh=True)
         except TxstoreError as e:
             return e
 
     out = Reach(manifests, {}, {}, {}, problems)
-    listed = list(refs.values())
-    read_all = parallel(read, listed, "reading segments", "segments", progress)
-    for ref, got in zip(listed, read_all, strict=True):
-        strict = not owners[ref.path] <= tolerate
-        if isinstance(got, Exception):
-            if strict:
-                problems.append(Problem(ref.path, str(got)))
-            continue
-        samples = sum(c.num_samples for c in got)
-        if strict and (samples != ref.num_samples or len(got) != ref.num_chunks):
-            problems.append(
-                Problem(
-                    ref.path,
-                    f"holds {len(got)} chunks and {samples} samples, its "
-                    f"manifest says {ref.num_chunks} and {ref.num_samples}",
-                )
-            )
-        out.segments[ref.path] = ref
-        version = min(owners[ref.path])
-        for chunk in got:
-            # Later segments repeat most chunks of earlier ones: their files are known.
-            if chunk in out.chunks:
+    level = list(refs.values())
+    while level:  # the segment tree, one level at a time
+        below: dict[str, SegmentRef] = {}
+        read_all = parallel(read, level, "reading segments", "segments", progress)
+        for ref, got in zip(level, read_all, strict=True):
+            if isinstance(got, Exception):
+                if not owners[ref.path] <= tolerate:
+                    problems.append(Problem(ref.path, str(got)))
                 continue
-            out.chunks[chunk] = version
-            for f in chunk_files(chunk):
-                out.files.setdefault(f.path, f)
+            out.segments[ref.path] = ref
+            if isinstance(got, Node):
+                for child in got.children:
+                    if child.path in out.segments:
+                        continue  # a forged tree names a file twice: read once
+                    below.setdefault(child.path, child)
+                    owners.setdefault(child.path, set()).update(owners[ref.path])
+                continue
+            version = min(owners[ref.path])
+            for chunk in got.chunks:
+                # Later segments repeat most chunks of earlier ones: their files are known.
+                if chunk in out.chunks:
+                    continue
+                out.chunks[chunk] = version
+                for f in chunk_files(chunk):
+                    out.files.setdefault(f.path, f)
+        level = list(below.values())
     return out
 
 

@@ -1,128 +1,307 @@
-"""Segment files: immutable chunk lists that manifests share instead of copying.
+"""Segment files: the immutable tree of chunk lists that manifests share instead of copying.
 
-A commit adds one segment and merges the newest ones like a binary counter (while the one
-before is no larger than the last, up to ``MAX_SEGMENT_CHUNKS``). So a manifest names
-O(chunks / MAX_SEGMENT_CHUNKS + log chunks) segments, and a commit rewrites O(log chunks)
-chunk references amortised: commit cost does not grow with the store's history.
+A manifest names a few segment files. At level 0 a segment lists up to ``MAX_SEGMENT_CHUNKS``
+chunks; at level k > 0 a segment node lists ``NODE_FANOUT`` segment files of level k - 1
+(format §5). A commit adds one segment and merges the newest ones like a binary counter
+(while the one before is no larger than the last, up to ``MAX_SEGMENT_CHUNKS``); once a level
+holds ``NODE_FANOUT`` references (level 0: beyond the counter's newest ``_COUNTER_TAIL``), its
+oldest ``NODE_FANOUT`` become one node of the level above. So a manifest names
+O(``NODE_FANOUT`` * log chunks) references, finding a sample reads O(log chunks) small files,
+and a commit writes O(log chunks) references amortised, whatever the history's length.
 """
 
 from __future__ import annotations
 
 import threading
 import uuid
+from bisect import bisect_right
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from itertools import accumulate
 
-from ..errors import ChecksumError, MissingDataError, NotFoundError
+from ..errors import ChecksumError, CorruptError, MissingDataError, NotFoundError
 from ..format import manifest as fmt
 from ..format.codec import crc32
-from ..format.manifest import ChunkRef, Segment, SegmentRef
+from ..format.manifest import ChunkRef, Segment, SegmentNode, SegmentRef
 from ..storage import Storage
 
-MAX_SEGMENT_CHUNKS = 4096
+MAX_SEGMENT_CHUNKS = 512
+NODE_FANOUT = 32
+# The binary counter keeps at most log2(MAX_SEGMENT_CHUNKS) + 1 growing segments at the end:
+# packing them into a node would freeze them small.
+_COUNTER_TAIL = MAX_SEGMENT_CHUNKS.bit_length()
 _CACHE_SEGMENTS = 256
 
 
+@dataclass(frozen=True)
+class Leaf:
+    """A segment (level 0) as read: its chunks and the first sample of each within it."""
+
+    path: str
+    chunks: tuple[ChunkRef, ...]
+    starts: list[int]
+
+    @property
+    def num_samples(self) -> int:
+        return self.starts[-1]
+
+    @property
+    def num_chunks(self) -> int:
+        return len(self.chunks)
+
+    @property
+    def level(self) -> int:
+        return 0
+
+
+@dataclass(frozen=True)
+class Node:
+    """A segment node (level > 0) as read: its references and the first sample of each."""
+
+    path: str
+    level: int
+    children: tuple[SegmentRef, ...]
+    starts: list[int]
+    num_chunks: int
+
+    @property
+    def num_samples(self) -> int:
+        return self.starts[-1]
+
+
+Loaded = Leaf | Node
+
+
 class Segments:
-    """Reads (cached: segments never change), writes and merges the segments of one store."""
+    """Reads (cached: segment files never change), writes and merges one store's segments."""
 
     def __init__(self, storage: Storage) -> None:
         self._storage = storage
-        self._cache: OrderedDict[str, Segment] = OrderedDict()
-        self._merged: dict[tuple[str, str], SegmentRef] = {}
+        self._cache: OrderedDict[str, Loaded] = OrderedDict()
+        self._merged: dict[tuple[str, ...], SegmentRef] = {}
         self._lock = threading.Lock()
 
-    def read(self, ref: SegmentRef, *, version: int | None = None, fresh: bool = False) -> Segment:
-        """A segment; ``fresh`` reads storage even when it is cached, for checks (verify,
-        vacuum) that must see a segment deleted or damaged since this process read it."""
+    # -- reading ----------------------------------------------------------------------------
+
+    def read(self, ref: SegmentRef, *, version: int | None = None, fresh: bool = False) -> Loaded:
+        """The segment file ``ref`` names, checked against ``ref``; ``fresh`` reads storage
+        even when it is cached, for checks (verify, vacuum) that must see a file deleted or
+        damaged since this process read it."""
         if not fresh:
             with self._lock:
                 cached = self._cache.get(ref.path)
                 if cached is not None:
                     self._cache.move_to_end(ref.path)
-                    return cached
+            if cached is not None:
+                self._matches(ref, cached, version)
+                return cached
         try:
             data: bytes | None = self._storage.read(ref.path)
         except NotFoundError:
             data = None
         return self._take(ref, data, version)
 
-    def preload(self, refs: Sequence[SegmentRef], *, version: int | None = None) -> None:
-        """Read the segments of ``refs`` not cached yet, all at once (one round trip on an
-        object store, where reading them one by one waits one each)."""
-        with self._lock:
-            wanted = list(dict.fromkeys(r.path for r in refs if r.path not in self._cache))
-        if not 2 <= len(wanted) <= _CACHE_SEGMENTS:
-            return  # one is read when needed; more than the cache holds, as they are needed
-        by_path = {r.path: r for r in refs}
-        for path, data in zip(wanted, self._storage.read_many(wanted), strict=True):
-            self._take(by_path[path], data, version)
+    def leaf(self, ref: SegmentRef, *, version: int | None = None) -> Leaf:
+        got = self.read(ref, version=version)
+        assert isinstance(got, Leaf)  # read() checked it against a level-0 reference
+        return got
 
-    def _take(self, ref: SegmentRef, data: bytes | None, version: int | None) -> Segment:
-        """The segment from the bytes read under its path (None: missing), checked."""
-        where = f"{self._storage.uri}/{ref.path}"
-        if version is not None:
-            where += f" (needed by version {version})"
-        if data is None:
-            raise MissingDataError(f"segment {where} is missing")
-        if len(data) != ref.size or crc32(data) != ref.crc32:
-            raise ChecksumError(f"segment {where} does not match its checksum")
-        segment = fmt.decode(data, Segment, where)
+    def descend(
+        self, ref: SegmentRef, local: int, *, version: int | None = None
+    ) -> tuple[Leaf, int]:
+        """The segment holding sample ``local`` of the tree under ``ref``, and its place there."""
+        got = self.read(ref, version=version)
+        while isinstance(got, Node):
+            i = bisect_right(got.starts, local) - 1
+            local -= got.starts[i]
+            got = self.read(got.children[i], version=version)
+        return got, local
+
+    def chunks(self, refs: Sequence[SegmentRef], *, version: int | None = None) -> list[ChunkRef]:
+        """Every chunk under ``refs``, in order: one level at a time, each level's files not
+        cached yet read at once (one round trip per level on an object store)."""
+        level: list[SegmentRef] = list(refs)
+        loaded: dict[str, Loaded] = {}
+        while level:
+            loaded.update(self._read_all(level, version))
+            level = [c for r in level if isinstance(n := loaded[r.path], Node) for c in n.children]
+        out: list[ChunkRef] = []
+        stack = list(reversed(refs))
+        while stack:
+            got = loaded[stack.pop().path]
+            if isinstance(got, Leaf):
+                out += got.chunks
+            else:
+                stack += reversed(got.children)
+        return out
+
+    def _read_all(self, refs: Sequence[SegmentRef], version: int | None) -> dict[str, Loaded]:
+        """The files of ``refs``: cached ones from the cache, the rest read together (in
+        batches the cache holds)."""
+        found: dict[str, Loaded] = {}
+        wanted: list[SegmentRef] = []
         with self._lock:
-            self._cache[ref.path] = segment
+            for r in refs:
+                cached = self._cache.get(r.path)
+                if cached is None:
+                    wanted.append(r)
+                else:
+                    found[r.path] = cached
+        for r in refs:
+            if r.path in found:
+                self._matches(r, found[r.path], version)
+        unique = list({r.path: r for r in wanted}.values())
+        if len(unique) == 1:
+            found[unique[0].path] = self.read(unique[0], version=version)
+            return found
+        for i in range(0, len(unique), _CACHE_SEGMENTS):
+            batch = unique[i : i + _CACHE_SEGMENTS]
+            datas = self._storage.read_many([r.path for r in batch])
+            for r, data in zip(batch, datas, strict=True):
+                found[r.path] = self._take(r, data, version)
+        return found
+
+    def _where(self, ref: SegmentRef, version: int | None) -> str:
+        where = f"segment {self._storage.uri}/{ref.path}"
+        return where if version is None else f"{where} (needed by version {version})"
+
+    def _matches(self, ref: SegmentRef, got: Loaded, version: int | None) -> None:
+        """A cached file named again, by another reference: the counts must agree (O(1))."""
+        if (got.level, got.num_samples, got.num_chunks) != (
+            ref.level,
+            ref.num_samples,
+            ref.num_chunks,
+        ):
+            raise CorruptError(
+                f"{self._where(ref, version)} is level {got.level} with {got.num_chunks} "
+                f"chunks and {got.num_samples} samples, its reference says level {ref.level} "
+                f"with {ref.num_chunks} and {ref.num_samples}"
+            )
+
+    def _take(self, ref: SegmentRef, data: bytes | None, version: int | None) -> Loaded:
+        """The segment file from the bytes read under its path (None: missing), checked."""
+        where = self._where(ref, version)
+        if data is None:
+            raise MissingDataError(f"{where} is missing")
+        if len(data) != ref.size or crc32(data) != ref.crc32:
+            raise ChecksumError(f"{where} does not match its checksum")
+        doc: Segment | SegmentNode = (
+            fmt.decode(data, SegmentNode, where) if ref.level else fmt.decode(data, Segment, where)
+        )
+        fmt.check_segment(ref, doc, where)
+        got = self._loaded(ref.path, doc)
+        self._remember(got)
+        return got
+
+    @staticmethod
+    def _loaded(path: str, doc: Segment | SegmentNode) -> Loaded:
+        if isinstance(doc, Segment):
+            return Leaf(
+                path, doc.chunks, list(accumulate((c.num_samples for c in doc.chunks), initial=0))
+            )
+        kids = doc.segments
+        starts = list(accumulate((c.num_samples for c in kids), initial=0))
+        return Node(path, kids[0].level + 1, kids, starts, sum(c.num_chunks for c in kids))
+
+    def _remember(self, got: Loaded) -> None:
+        with self._lock:
+            self._cache[got.path] = got
+            self._cache.move_to_end(got.path)
             while len(self._cache) > _CACHE_SEGMENTS:
                 self._cache.popitem(last=False)
-        return segment
 
-    def write(self, chunks: Sequence[ChunkRef]) -> SegmentRef:
-        segment = Segment(chunks=tuple(chunks))
-        data = fmt.encode(segment)
+    # -- writing ----------------------------------------------------------------------------
+
+    def _write(self, doc: Segment | SegmentNode, level: int) -> SegmentRef:
+        data = fmt.encode(doc)
+        if isinstance(doc, Segment):
+            samples, chunks = sum(c.num_samples for c in doc.chunks), len(doc.chunks)
+        else:
+            samples = sum(c.num_samples for c in doc.segments)
+            chunks = sum(c.num_chunks for c in doc.segments)
         ref = SegmentRef(
             path=f"segments/{uuid.uuid4().hex}.json",
-            num_samples=sum(c.num_samples for c in chunks),
-            num_chunks=len(chunks),
+            num_samples=samples,
+            num_chunks=chunks,
             size=len(data),
             crc32=crc32(data),
+            level=level,
         )
         self._storage.write(ref.path, data)
-        with self._lock:
-            self._cache[ref.path] = segment
+        self._remember(self._loaded(ref.path, doc))
         return ref
 
-    def _merge(self, first: SegmentRef, second: SegmentRef) -> SegmentRef:
-        key = (first.path, second.path)
+    def write_leaves(self, chunks: Sequence[ChunkRef]) -> tuple[SegmentRef, ...]:
+        """``chunks`` as new segments of at most ``MAX_SEGMENT_CHUNKS`` each, for ``append``."""
+        return tuple(
+            self._write(Segment(chunks=tuple(chunks[i : i + MAX_SEGMENT_CHUNKS])), 0)
+            for i in range(0, len(chunks), MAX_SEGMENT_CHUNKS)
+        )
+
+    def write_all(self, chunks: Sequence[ChunkRef]) -> tuple[SegmentRef, ...]:
+        """A manifest's segment references for exactly ``chunks`` (a tree built anew)."""
+        return self.extend((), chunks)
+
+    def extend(
+        self, segments: tuple[SegmentRef, ...], chunks: Sequence[ChunkRef]
+    ) -> tuple[SegmentRef, ...]:
+        """The segment references after adding ``chunks`` at the end."""
+        for ref in self.write_leaves(chunks):
+            segments = self.append(segments, ref)
+        return segments
+
+    def append(self, segments: tuple[SegmentRef, ...], new: SegmentRef) -> tuple[SegmentRef, ...]:
+        """The segment references after adding the segment ``new``: the newest segments merged,
+        full levels packed into nodes."""
+        out = [*segments, new]
+        while len(out) >= 2:
+            a, b = out[-2], out[-1]
+            if a.level or b.level:
+                break
+            if a.num_chunks > b.num_chunks or a.num_chunks + b.num_chunks > MAX_SEGMENT_CHUNKS:
+                break
+            out[-2:] = [self._merge(a, b)]
+        level = 0
+        while level < fmt.MAX_SEGMENT_LEVEL and level <= max(r.level for r in out):
+            start, stop = _first_run(out, level)
+            if stop - start >= NODE_FANOUT + (_COUNTER_TAIL if level == 0 else 0):
+                out[start : start + NODE_FANOUT] = [self._pack(out[start : start + NODE_FANOUT])]
+            else:  # packed or not full: the level above may be full now
+                level += 1
+        return tuple(out)
+
+    def _merge(self, a: SegmentRef, b: SegmentRef) -> SegmentRef:
+        """One segment of two segments' chunks."""
+        return self._once(
+            ("merge", a.path, b.path),
+            lambda: self._write(Segment(chunks=self.leaf(a).chunks + self.leaf(b).chunks), 0),
+        )
+
+    def _pack(self, refs: Sequence[SegmentRef]) -> SegmentRef:
+        """One node over ``refs`` (all of one level)."""
+        return self._once(
+            ("node", *(r.path for r in refs)),
+            lambda: self._write(SegmentNode(segments=tuple(refs)), refs[0].level + 1),
+        )
+
+    def _once(self, key: tuple[str, ...], write: Callable[[], SegmentRef]) -> SegmentRef:
+        """A rebase retries the same merges and packs: write each once."""
         with self._lock:
             done = self._merged.get(key)
-        if done is None:  # a rebase retries the same merge: write it once
-            chunks = self.read(first).chunks + self.read(second).chunks
-            done = self.write(chunks)
+        if done is None:
+            done = write()
             with self._lock:
                 if len(self._merged) >= _CACHE_SEGMENTS:  # only the latest rebase needs it
                     self._merged.clear()
                 self._merged[key] = done
         return done
 
-    def write_all(self, chunks: Sequence[ChunkRef]) -> tuple[SegmentRef, ...]:
-        """``chunks`` as new segments of at most ``MAX_SEGMENT_CHUNKS`` each."""
-        return tuple(
-            self.write(chunks[i : i + MAX_SEGMENT_CHUNKS])
-            for i in range(0, len(chunks), MAX_SEGMENT_CHUNKS)
-        )
 
-    def extend(
-        self, segments: tuple[SegmentRef, ...], chunks: Sequence[ChunkRef]
-    ) -> tuple[SegmentRef, ...]:
-        """The segment list after adding ``chunks`` at the end."""
-        for i in range(0, len(chunks), MAX_SEGMENT_CHUNKS):
-            segments = self.append(segments, self.write(chunks[i : i + MAX_SEGMENT_CHUNKS]))
-        return segments
-
-    def append(self, segments: tuple[SegmentRef, ...], new: SegmentRef) -> tuple[SegmentRef, ...]:
-        """The segment list after adding ``new``, with the newest segments merged."""
-        out = [*segments, new]
-        while len(out) >= 2:
-            a, b = out[-2], out[-1]
-            if a.num_chunks > b.num_chunks or a.num_chunks + b.num_chunks > MAX_SEGMENT_CHUNKS:
-                break
-            out[-2:] = [self._merge(a, b)]
-        return tuple(out)
+def _first_run(refs: Sequence[SegmentRef], level: int) -> tuple[int, int]:
+    """Where the first run of consecutive references at ``level`` starts and stops."""
+    start = next((i for i, r in enumerate(refs) if r.level == level), len(refs))
+    stop = start
+    while stop < len(refs) and refs[stop].level == level:
+        stop += 1
+    return start, stop

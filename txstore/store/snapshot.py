@@ -46,7 +46,7 @@ from ..txn.log import VersionLog
 from ..txn.rules import sample_origins
 from . import exports
 from .lease import Lease, lease_version
-from .segments import Segments
+from .segments import Leaf, Segments
 from .views import ChunkInfo, Config, FieldSchema, Schema
 
 if TYPE_CHECKING:
@@ -160,12 +160,6 @@ class Missing:
             if name not in row:
                 row[name] = self.how
         return row
-
-
-@dataclass(frozen=True)
-class _LoadedSegment:
-    chunks: tuple[ChunkRef, ...]
-    starts: list[int]  # first sample index of each chunk, within the segment
 
 
 @dataclass
@@ -542,7 +536,9 @@ class Snapshot(Sequence[Sample]):
         self._segment_starts = list(
             accumulate((s.num_samples for s in manifest.segments), initial=0)
         )
-        self._loaded: dict[int, _LoadedSegment] = {}
+        # The manifest's own segments (level 0) by number: indexing goes no further.
+        self._loaded: dict[int, Leaf] = {}
+        self._chunk_refs: list[ChunkRef] | None = None
 
     @property
     def storage(self) -> Storage:
@@ -768,25 +764,6 @@ class Snapshot(Sequence[Sample]):
     def __repr__(self) -> str:
         return f"<Snapshot {self.uri} version={self.version} samples={len(self)}>"
 
-    def _segment(self, number: int) -> _LoadedSegment:
-        loaded = self._loaded.get(number)
-        if loaded is None:
-            ref = self.manifest.segments[number]
-            chunks = self._segments.read(ref, version=self.version).chunks
-            starts = list(accumulate((c.num_samples for c in chunks), initial=0))
-            if starts[-1] != ref.num_samples:
-                raise CorruptError(
-                    f"segment {ref.path} holds {starts[-1]} samples, "
-                    f"its manifest says {ref.num_samples} (version {self.version})"
-                )
-            if len(chunks) != ref.num_chunks:
-                raise CorruptError(
-                    f"segment {ref.path} holds {len(chunks)} chunks, "
-                    f"its manifest says {ref.num_chunks} (version {self.version})"
-                )
-            loaded = self._loaded[number] = _LoadedSegment(chunks, starts)
-        return loaded
-
     def chunks(self) -> list[ChunkInfo]:
         """Every chunk of this version, in sample order."""
         return [ChunkInfo.from_ref(c) for c in self.chunk_refs()]
@@ -794,9 +771,9 @@ class Snapshot(Sequence[Sample]):
     def chunk_refs(self) -> list[ChunkRef]:
         """Every chunk of this version as the format records it (for txstore's own layers:
         it changes with the format)."""
-        if len(self._loaded) < len(self.manifest.segments):
-            self._segments.preload(self.manifest.segments, version=self.version)
-        return [c for i in range(len(self.manifest.segments)) for c in self._segment(i).chunks]
+        if self._chunk_refs is None:
+            self._chunk_refs = self._segments.chunks(self.manifest.segments, version=self.version)
+        return list(self._chunk_refs)
 
     @property
     def config(self) -> Config:
@@ -919,10 +896,15 @@ class Snapshot(Sequence[Sample]):
         if not 0 <= index < n:
             raise IndexError(f"sample index out of range for a snapshot of {n} samples")
         seg_no = bisect_right(self._segment_starts, index) - 1
-        segment = self._segment(seg_no)
         local = index - self._segment_starts[seg_no]
-        chunk_no = bisect_right(segment.starts, local) - 1
-        return segment.chunks[chunk_no], local - segment.starts[chunk_no]
+        leaf = self._loaded.get(seg_no)
+        if leaf is None:
+            ref = self.manifest.segments[seg_no]
+            leaf, local = self._segments.descend(ref, local, version=self.version)
+            if ref.level == 0:
+                self._loaded[seg_no] = leaf
+        chunk_no = bisect_right(leaf.starts, local) - 1
+        return leaf.chunks[chunk_no], local - leaf.starts[chunk_no]
 
     def _locate_many(self, indices: list[int], n: int) -> Iterator[tuple[ChunkRef, int]]:
         for index in indices:

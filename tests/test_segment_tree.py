@@ -1,0 +1,240 @@
+"""The segment tree (format §5, 1.3): manifests stay small, every sample is found, damage in
+a node is caught, maintenance walks the whole tree.
+
+Large histories are built as the scale benchmark builds them: real one-sample chunks, named
+many times by commits through the real commit path (``StoreContext.append_chunks``), so
+tens of thousands of chunk references cost no chunk files.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import txstore
+from txstore.format import manifest as fmt
+from txstore.format.codec import crc32
+from txstore.format.manifest import ChunkRef
+from txstore.storage.memory import MemoryStorage
+from txstore.store import segments as seg
+from txstore.store.segments import Segments
+
+DISTINCT = 7  # real one-sample chunks, sample {"id": k} in chunk k
+
+
+def _store(uri: str) -> tuple[txstore.Store, list[ChunkRef]]:
+    store = txstore.create(uri)
+    for k in range(DISTINCT):
+        store.append([{"id": k}])
+    refs = store.snapshot().chunk_refs()
+    assert [store.snapshot()[i]["id"] for i in range(DISTINCT)] == list(range(DISTINCT))
+    return store, refs
+
+
+def _grow(
+    store: txstore.Store, refs: list[ChunkRef], ids: list[int], sizes: list[int]
+) -> list[int]:
+    """Commit one version per size after ``ids`` (the ids of the latest version's samples),
+    each naming that many chunks in a known pattern; the ids of the last version's samples."""
+    ctx = store._ctx
+    ids = list(ids)
+    manifest = ctx.log.latest()
+    for n in sizes:
+        new = [(len(ids) + j) * 5 % DISTINCT for j in range(n)]
+        manifest = ctx.append_chunks([refs[k] for k in new], start=manifest).manifest
+        ids += new
+    return ids
+
+
+def _latest(store: txstore.Store) -> fmt.Manifest:
+    return store._ctx.log.latest()
+
+
+@pytest.fixture(params=["memory", "local"])
+def uri(request: pytest.FixtureRequest, tmp_path) -> str:
+    return (
+        f"memory://tree-{random.getrandbits(64):x}"
+        if request.param == "memory"
+        else str(tmp_path / "s")
+    )
+
+
+def test_a_long_history_keeps_a_small_manifest_and_finds_every_sample(uri: str) -> None:
+    store, refs = _store(uri)
+    # 300 commits of 1 to 400 chunks: about 60,000 chunks, past the size where a flat list
+    # of full segments would already name over 100 of them.
+    rng = random.Random(5)
+    ids = _grow(store, refs, list(range(DISTINCT)), [rng.randint(1, 400) for _ in range(300)])
+    m = _latest(store)
+    assert m.num_samples == len(ids)
+    levels = [r.level for r in m.segments]
+    assert max(levels) >= 1, "a history of this size has segment nodes"
+    assert levels == sorted(levels, reverse=True), "oldest, highest levels first"
+    assert len(store.storage.read(f"versions/index.v{m.version}.json")) <= 16 * 1024
+    reopened = txstore.open(uri)
+    snap = reopened.snapshot()
+    assert [c.path for c in snap.chunk_refs()] == [refs[k].path for k in ids]
+    for i in rng.sample(range(len(ids)), 300):
+        assert snap[i]["id"] == ids[i]
+    assert snap[-1]["id"] == ids[-1] and snap[0]["id"] == ids[0]
+    # An old version still reads as it was.
+    old = reopened.snapshot(DISTINCT + 10)
+    assert [old[i]["id"] for i in range(len(old))] == ids[: len(old)]
+    assert reopened.verify().ok
+
+
+def test_a_manifest_stays_small_at_ten_million_chunks() -> None:
+    """Format §5's bound, through the writer alone (references, no files to read back)."""
+    storage = MemoryStorage(f"memory://big-{random.getrandbits(64):x}")
+    segments = Segments(storage)
+    chunk = ChunkRef(path="chunks/x.chunk", num_samples=1, size=100, crc32=0, footer_offset=50)
+    leaf = segments.write_leaves([chunk] * seg.MAX_SEGMENT_CHUNKS)[0]
+    refs: tuple[fmt.SegmentRef, ...] = ()
+    for _ in range(10_000_000 // seg.MAX_SEGMENT_CHUNKS):
+        refs = segments.append(refs, leaf)
+    assert sum(r.num_chunks for r in refs) == 10_000_000 // seg.MAX_SEGMENT_CHUNKS * 512
+    per_level: dict[int, int] = {}
+    for r in refs:
+        per_level[r.level] = per_level.get(r.level, 0) + 1
+    assert per_level[0] <= seg.NODE_FANOUT + seg._COUNTER_TAIL - 1
+    assert all(n <= seg.NODE_FANOUT - 1 for lv, n in per_level.items() if lv)
+    encoded = msgspec.json.encode(refs)
+    assert len(encoded) < 16 * 1024 - 1024  # room for the manifest's other members
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(1, 1500), min_size=1, max_size=60))
+def test_the_tree_holds_the_chunks_in_order_whatever_the_commits(sizes: list[int]) -> None:
+    storage = MemoryStorage(f"memory://prop-{random.getrandbits(64):x}")
+    segments = Segments(storage)
+    refs: tuple[fmt.SegmentRef, ...] = ()
+    expected: list[ChunkRef] = []
+    for n in sizes:
+        new = [
+            ChunkRef(
+                path=f"chunks/{len(expected) + j}.chunk",
+                num_samples=1 + (len(expected) + j) % 3,
+                size=9,
+                crc32=0,
+                footer_offset=1,
+            )
+            for j in range(n)
+        ]
+        refs = segments.extend(refs, new)
+        expected += new
+        levels = [r.level for r in refs]
+        assert levels == sorted(levels, reverse=True)
+    # Read back through a fresh reader: nothing from the writer's cache.
+    reader = Segments(storage)
+    assert reader.chunks(refs) == expected
+    starts = [0]
+    for c in expected:
+        starts.append(starts[-1] + c.num_samples)
+    top = [0]
+    for r in refs:
+        top.append(top[-1] + r.num_samples)
+    rng = random.Random(len(expected))
+    for _ in range(50):
+        i = rng.randrange(starts[-1])
+        k = max(j for j, s in enumerate(top) if s <= i)
+        leaf, local = reader.descend(refs[k], i - top[k])
+        c = max(j for j, s in enumerate(leaf.starts[:-1]) if s <= local)
+        want = max(j for j, s in enumerate(starts[:-1]) if s <= i)
+        assert leaf.chunks[c] == expected[want]
+
+
+def _node(store: txstore.Store) -> fmt.SegmentRef:
+    return next(r for r in _latest(store).segments if r.level > 0)
+
+
+def _forge(store: txstore.Store, ref: fmt.SegmentRef, change: Callable[[Any], object]) -> None:
+    """Rewrite the node ``ref`` names with ``change`` applied, and the manifest's reference
+    to it with the new size and CRC-32 (a forger who fixes checksums)."""
+    node = json.loads(store.storage.read(ref.path))
+    change(node)
+    data = json.dumps(node).encode()
+    store.storage.delete(ref.path)
+    store.storage.write(ref.path, data)
+    key = f"versions/index.v{_latest(store).version}.json"
+    manifest = json.loads(store.storage.read(key))
+    for r in manifest["segments"]:
+        if r["path"] == ref.path:
+            r["size"], r["crc32"] = len(data), crc32(data)
+    store.storage.delete(key)
+    store.storage.write(key, json.dumps(manifest).encode())
+
+
+def _tree_store(uri: str) -> tuple[txstore.Store, list[int]]:
+    store, refs = _store(uri)
+    ids = _grow(store, refs, list(range(DISTINCT)), [512] * 50)
+    assert any(r.level for r in _latest(store).segments)
+    return store, ids
+
+
+def test_a_damaged_node_is_a_checksum_error_and_verify_names_it(uri: str) -> None:
+    store, ids = _tree_store(uri)
+    path = _node(store).path
+    data = bytearray(store.storage.read(path))
+    data[len(data) // 2] ^= 1
+    store.storage.delete(path)
+    store.storage.write(path, bytes(data))
+    snap = txstore.open(uri).snapshot()
+    with pytest.raises(txstore.ChecksumError, match=path):
+        snap[0]
+    with pytest.raises(txstore.ChecksumError):
+        snap.chunk_refs()
+    report = txstore.open(uri).verify()
+    assert not report.ok and any(path in p.key for p in report.problems)
+    # Samples outside the damaged node still read.
+    assert snap[len(ids) - 1]["id"] == ids[-1]
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (lambda n: n["segments"][0].update(level=3), "level"),
+        (lambda n: n["segments"].pop(), "holds"),
+        (lambda n: n.update(segments=[]), "naming no segments"),
+        (lambda n: n["segments"][0].update(path="versions/index.v0.json"), "outside segments/"),
+        (lambda n: n["segments"][0].update(path="../../etc/passwd"), "unsafe path"),
+    ],
+)
+def test_a_forged_node_is_corrupt_and_vacuum_deletes_nothing(uri: str, change, match: str) -> None:
+    store, _ = _tree_store(uri)
+    _forge(store, _node(store), change)
+    before = sorted(f.key for f in store.storage.list(""))
+    snap = txstore.open(uri).snapshot()
+    with pytest.raises(txstore.CorruptError, match=match):
+        snap.chunk_refs()
+    fresh = txstore.open(uri)
+    with pytest.raises(txstore.TxstoreError):
+        fresh.vacuum(grace=0)
+    assert sorted(f.key for f in store.storage.list("")) == before
+
+
+def test_vacuum_keeps_every_file_under_the_tree_and_drops_expired_nodes(uri: str) -> None:
+    store, ids = _tree_store(uri)
+    first = _latest(store)
+    refs = store.snapshot(DISTINCT).chunk_refs()
+    ids = _grow(store, refs, ids, [300] * 40)  # packs level 0 again: new nodes
+    latest = _latest(store)
+    assert {r.path for r in latest.segments} != {r.path for r in first.segments}
+    store.expire(keep_last=1)
+    report = store.vacuum(grace=0)
+    gone = {f.key for f in report.files}
+    assert any(k.startswith("segments/") for k in gone), "superseded segment files are garbage"
+    reopened = txstore.open(uri)
+    assert reopened.verify().ok
+    snap = reopened.snapshot()
+    assert snap.version == latest.version
+    assert [c.path for c in snap.chunk_refs()] == [refs[k].path for k in ids]
+    rng = random.Random(1)
+    for i in rng.sample(range(len(ids)), 200):
+        assert snap[i]["id"] == ids[i]

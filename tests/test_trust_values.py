@@ -211,7 +211,8 @@ def test_a_segment_reference_miscounting_its_chunks_is_corrupt(tmp_path: Path) -
     version = _forge_manifest(store, lambda m: m["segments"][0].update(num_chunks=7))
     with pytest.raises(
         CorruptError,
-        match=rf"\(needed by version {version}\) holds 1 chunks and 60 samples, its reference says 7",
+        match=rf"\(needed by version {version}\) holds 1 chunks and 60 samples, "
+        "its reference says 7",
     ):
         txstore.open(store.uri).snapshot(version).chunks()
 

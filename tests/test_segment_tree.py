@@ -238,3 +238,27 @@ def test_vacuum_keeps_every_file_under_the_tree_and_drops_expired_nodes(uri: str
     rng = random.Random(1)
     for i in rng.sample(range(len(ids)), 200):
         assert snap[i]["id"] == ids[i]
+
+
+def test_the_first_commit_on_a_large_flat_store_packs_its_segments() -> None:
+    """A 1.2 store's manifest names its full segments side by side (up to 4,096 chunks each):
+    the first commit through this writer packs them, every chunk kept in order."""
+    storage = MemoryStorage(f"memory://flat-{random.getrandbits(64):x}")
+    segments = Segments(storage)
+    flat: list[fmt.SegmentRef] = []
+    expected: list[ChunkRef] = []
+    for s in range(200):
+        chunks = [
+            ChunkRef(path=f"chunks/{s}-{j}.chunk", num_samples=2, size=9, crc32=0, footer_offset=1)
+            for j in range(4096 if s % 3 else 1000)
+        ]
+        (ref,) = (segments._write(fmt.Segment(chunks=tuple(chunks)), 0),)
+        flat.append(ref)
+        expected += chunks
+    new = [ChunkRef(path="chunks/new.chunk", num_samples=1, size=9, crc32=0, footer_offset=1)]
+    refs = segments.extend(tuple(flat), new)
+    # 201 level-0 references: packed 32 at a time while 42 or more remain, so 5 nodes over the
+    # oldest 160 and the newest 41 (the new one last) left as they are.
+    assert [r.level for r in refs] == [1] * 5 + [0] * 41
+    assert refs[-1].num_chunks == 1
+    assert Segments(storage).chunks(refs) == [*expected, *new]

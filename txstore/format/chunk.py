@@ -611,7 +611,7 @@ def decode_blocks(
                 try:  # only a frame flagged sparse may hold ABSENT (at its top level)
                     if frame.flags & FLAG_SPARSE:
                         sparse = True
-                        values = sparse_values(raw[:table])
+                        values = sparse_values(raw[:table], views=views)
                     elif views:
                         values = decode(raw[:table], views=True)
                     else:

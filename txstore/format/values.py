@@ -166,6 +166,15 @@ def _enc_hook(obj: Any) -> msgspec.msgpack.Ext:
 def _ext_hook(code: int, data: memoryview) -> Any:
     """A value of an extension type; the ABSENT marker is refused here (a value never holds
     it: only a sparse frame's top level does, which ``_sparse_hook`` decodes)."""
+    return _ext_value(code, data, False)
+
+
+def _ext_hook_views(code: int, data: memoryview) -> Any:
+    """As ``_ext_hook``, numpy arrays as read-only views of the input instead of copies."""
+    return _ext_value(code, data, True)
+
+
+def _ext_value(code: int, data: memoryview, views: bool) -> Any:
     if code == EXT_ABSENT:
         raise CorruptError("an absent marker where a value belongs")
     if code == EXT_NDARRAY:
@@ -174,7 +183,13 @@ def _ext_hook(code: int, data: memoryview) -> Any:
         (name, shape), raw = _split_payload(data, _array_header, "numpy array")
         dtype = _numpy_dtype(name)
         shape = _check_shape(shape, dtype.itemsize, raw, "numpy array")
-        return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
+        array = np.frombuffer(raw, dtype=dtype).reshape(shape)
+        if not views:
+            return array.copy()
+        # ``data`` is a view of the decoder's input (a mapped chunk, or a frame's decompressed
+        # bytes): read-only, so that no caller writes through it into a buffer it shares.
+        array.flags.writeable = False
+        return array
     if code == EXT_NPSCALAR:
         import numpy as np
 
@@ -212,7 +227,14 @@ def _sparse_hook(code: int, data: memoryview) -> Any:
     if code == EXT_ABSENT:
         _absent.absent += 1
         return ABSENT
-    return _ext_hook(code, data)
+    return _ext_value(code, data, False)
+
+
+def _sparse_hook_views(code: int, data: memoryview) -> Any:
+    if code == EXT_ABSENT:
+        _absent.absent += 1
+        return ABSENT
+    return _ext_value(code, data, True)
 
 
 ABSENT_BYTES = msgspec.msgpack.encode(msgspec.msgpack.Ext(EXT_ABSENT, b""))
@@ -315,24 +337,32 @@ class ValueDecoder:
     def __init__(self) -> None:
         self._decoder: msgspec.msgpack.Decoder[Any] = msgspec.msgpack.Decoder(ext_hook=_ext_hook)
         self._sparse: msgspec.msgpack.Decoder[Any] = msgspec.msgpack.Decoder(ext_hook=_sparse_hook)
-        # For zero-copy reads: MessagePack bin values as read-only views of the input.
+        # For zero-copy reads: MessagePack bin values as read-only views of the input, and
+        # numpy arrays as read-only arrays over it.
         self._view = msgspec.msgpack.Decoder(memoryview)
         self._views = msgspec.msgpack.Decoder(list[memoryview])
+        self._array_views: msgspec.msgpack.Decoder[Any] = msgspec.msgpack.Decoder(
+            ext_hook=_ext_hook_views
+        )
+        self._sparse_views: msgspec.msgpack.Decoder[Any] = msgspec.msgpack.Decoder(
+            ext_hook=_sparse_hook_views
+        )
         #: ``decode_list(data)`` without views: the msgspec call itself, for the decoding loop.
         self.decode_list_plain = self._decoder.decode
 
     def decode(self, data: bytes | memoryview, *, views: bool = False) -> Any:
-        """One value; with ``views`` a ``bytes`` value comes back as a view of ``data``."""
+        """One value; with ``views`` a ``bytes`` value comes back as a view of ``data`` and
+        numpy arrays as read-only arrays over it."""
         if views:
             try:
                 return self._view.decode(data)
             except msgspec.ValidationError:
-                pass  # not bytes: decoded as usual
+                return self._array_views.decode(data)  # not bytes
         return self._decoder.decode(data)
 
     def decode_list(self, data: bytes | memoryview, *, views: bool = False) -> list[Any]:
-        """A MessagePack array of values; with ``views``, when they are all ``bytes``, as
-        views of ``data``."""
+        """A MessagePack array of values; with ``views``, numpy arrays as read-only arrays
+        over ``data`` and, when the values are all ``bytes``, those as views of it."""
         if views and len(data) > 1:
             # Only when the first value is bin: a column of ids or labels is not worth a typed
             # decode that fails (an exception per frame). Inline: this runs for every frame.
@@ -342,14 +372,14 @@ class ValueDecoder:
                     return self._views.decode(data)
                 except msgspec.ValidationError:
                     pass  # some are not bytes (or absent): decoded as usual
-        values: list[Any] = self._decoder.decode(data)
+        values: list[Any] = (self._array_views if views else self._decoder).decode(data)
         return values
 
-    def decode_sparse(self, data: bytes | memoryview) -> Any:
+    def decode_sparse(self, data: bytes | memoryview, *, views: bool = False) -> Any:
         """A sparse frame's MessagePack array of values, ABSENT where a sample has none;
-        CorruptError if an ABSENT marker is inside a value."""
+        CorruptError if an ABSENT marker is inside a value. ``views`` as for ``decode``."""
         before = _absent.absent
-        values = self._sparse.decode(data)
+        values = (self._sparse_views if views else self._sparse).decode(data)
         # ``is``, not ``list.count``: an array's ``==`` is elementwise.
         if type(values) is list and _absent.absent - before != sum(
             map(operator.is_, values, repeat(ABSENT))

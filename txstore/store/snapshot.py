@@ -733,10 +733,12 @@ class Snapshot(Sequence[Sample]):
 
     def zero_copy(self) -> Snapshot:
         """The same version, giving each top-level ``bytes`` value as a read-only
-        ``memoryview`` of the chunk's bytes (mapped, for a local store) instead of a copy.
+        ``memoryview`` of the chunk's bytes (mapped, for a local store) instead of a copy, and
+        each numpy array as a read-only array over them.
 
         Checksums are verified as ever. A view keeps its chunk's map (or its block's
-        decompressed bytes) alive for as long as it lives; ``bytes(view)`` makes a copy.
+        decompressed bytes) alive for as long as it lives; ``bytes(view)`` and
+        ``array.copy()`` make copies.
         """
         return self._view(self._fields, True, self._missing)
 

@@ -45,7 +45,6 @@ import torch.distributed as dist
 from torch.utils.data import (
     DataLoader,
     IterableDataset,
-    default_collate,
     default_convert,
     get_worker_info,
 )
@@ -57,6 +56,7 @@ from ..store.cache import ChunkCache
 from ..store.core import open as open_store
 from ..store.snapshot import Fetched, Sample, Snapshot
 from . import elastic
+from .collate import collate
 from .transport import BytesPool, Receiver, pack, unpack
 
 STATE_FORMAT = 1
@@ -198,14 +198,16 @@ class _ChunkFetcher:
     (``ChunkCache``), where a worker evicts only files it has finished with, oldest first,
     while the folder holds more than ``max_cache_size`` bytes."""
 
-    def __init__(self, snapshot: Snapshot, cache_dir: str, max_cache_size: int, ahead: int) -> None:
+    def __init__(
+        self, snapshot: Snapshot, cache_dir: str, max_cache_size: int, ahead: int, views: bool
+    ) -> None:
         self._snapshot = snapshot
         self._remote = snapshot.reader
         # Remote chunks go through the disk cache; a projection fetches only its frames
         # instead (caching whole files would download all of them).
         cached = snapshot.storage.is_remote and snapshot.fields is None
         self._cache = (
-            ChunkCache(self._remote, cache_dir, max_cache_size, snapshot.is_zero_copy)
+            ChunkCache(self._remote, cache_dir, max_cache_size, copy_reads=views)
             if cached
             else None
         )
@@ -489,9 +491,10 @@ class StreamingDataset(SnapshotDataset):
     temporary folder), at most ``max_cache_size`` bytes of finished chunks per folder. With
     ``lease_ttl`` (e.g. "6h") the dataset holds a lease on its version, renewed in the
     background, so that expire and vacuum leave it alone for the run (``release_lease()``).
-    ``zero_copy`` gives top-level ``bytes`` values as read-only memoryviews of the chunks
-    (``Snapshot.zero_copy``): ``transform`` can decode them without a copy; the default
-    collate does not take them, and those in a batch from a worker arrive as ``bytes``.
+    ``zero_copy`` gives top-level ``bytes`` values as read-only memoryviews of the chunks and
+    numpy arrays as read-only arrays over them (``Snapshot.zero_copy``): ``transform`` can
+    decode them without a copy. Without a ``transform``, a StreamingDataLoader with its
+    default collate reads views anyway and copies each value once, into the batch.
     A field of ``fields`` that some samples lack is a ``FieldMissingError`` here, naming it
     and the first samples without it, unless ``missing`` is a value to fill them with
     (``Snapshot.select``; "skip" is refused: the epoch's plan and a resumed state count
@@ -568,6 +571,7 @@ class StreamingDataset(SnapshotDataset):
         self._chunks = snapshot.chunk_refs()
         self._sizes = [c.num_samples for c in self._chunks]
         self.skip = {}
+        self._views_for_collate = False  # set by a StreamingDataLoader while it iterates
         self._pid = os.getpid()
 
     def release_lease(self) -> None:
@@ -682,11 +686,14 @@ class StreamingDataset(SnapshotDataset):
         self, windows: list[list[Piece]], key: str, first_window: int, skip: int
     ) -> Iterator[Any]:
         snapshot = self._own_snapshot()
-        reader, version, views = snapshot.reader, snapshot.version, snapshot.is_zero_copy
-        fetcher = _ChunkFetcher(
-            snapshot, self._cache_dir(), self.max_cache_size, self.prefetch_chunks
-        )
         transform = self.transform
+        # Read for a StreamingDataLoader's own collate, values need no copy of their own: it
+        # copies arrays straight into the batch and views of bytes into its shared buffers.
+        views = snapshot.is_zero_copy or (self._views_for_collate and transform is None)
+        reader, version = snapshot.reader, snapshot.version
+        fetcher = _ChunkFetcher(
+            snapshot, self._cache_dir(), self.max_cache_size, self.prefetch_chunks, views
+        )
         flat = [p for window in windows for p in window]
         chunks = [self._chunks[p.chunk] for p in flat]
         # Without shuffle, the first sample needs only the first chunk's first block.
@@ -839,8 +846,9 @@ class StreamingDataLoader(DataLoader[Any]):
             raise TypeError(f"StreamingDataLoader: {e}") from None
         _check_loader_args(given)
         batched = given.get("batch_size", 1) is not None
-        collate = collate_fn or self.default_collate(batched)
-        kwargs["collate_fn"] = _CountingCollate(collate)
+        # The dataset may hand its values to our own collate as views of the chunks.
+        self._own_collate = collate_fn is None and batched
+        kwargs["collate_fn"] = _CountingCollate(collate_fn or self.default_collate(batched))
         super().__init__(dataset, *args, **kwargs)
         self.streaming_dataset = dataset
         self._delivered: dict[int, int] = {}
@@ -863,8 +871,10 @@ class StreamingDataLoader(DataLoader[Any]):
         self._receiver = Receiver() if persistent else None
 
     def default_collate(self, batched: bool) -> Callable[[Any], Any]:
-        """The collate function used when none is given."""
-        return default_collate if batched else default_convert
+        """The collate function used when none is given: torch's ``default_collate``, which
+        ``collate.collate`` makes with one copy of each array (or ``default_convert`` for
+        unbatched loading)."""
+        return collate if batched else default_convert
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         dataset = self.streaming_dataset
@@ -886,6 +896,8 @@ class StreamingDataLoader(DataLoader[Any]):
         dataset._control = self._control
         if self._control is not None:
             _write_control(self._control, dataset._iteration())
+        if isinstance(dataset, StreamingDataset):
+            dataset._views_for_collate = self._own_collate
         try:
             shipped, pin = self.num_workers > 0, self.pin_memory and _can_pin()
             receiver = self._receiver or Receiver()
@@ -895,6 +907,8 @@ class StreamingDataLoader(DataLoader[Any]):
                 yield unpack(batch, pin, receiver) if shipped else batch
         finally:
             dataset.skip, dataset.rotation = {}, 0
+            if isinstance(dataset, StreamingDataset):
+                dataset._views_for_collate = False
         # A finished epoch resumes at the start of the next.
         self._delivered, dataset.todo, self._finished = {}, None, True
 

@@ -392,7 +392,7 @@ class TokenStreamingDataset(SnapshotDataset):
     ) -> Iterator[torch.Tensor]:
         snapshot = self._own_snapshot()
         fetcher = _ChunkFetcher(
-            snapshot, self._cache_dir(), self.max_cache_size, self.prefetch_chunks
+            snapshot, self._cache_dir(), self.max_cache_size, self.prefetch_chunks, views=False
         )
         stream = fetcher.stream([self._chunks[p.chunk] for run in runs for p in run])
         block = self.block_size

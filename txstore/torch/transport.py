@@ -17,12 +17,15 @@ new segment per batch, and to 3.9 times with reused ones (docs/benchmarks.md).
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..format.tensors import tensor_bytes, tensor_from_bytes
+from .collate import StackedArrays
 
 #: Tensors up to this size travel pickled with the batch; larger ones through shared memory.
 INLINE_TENSOR_BYTES = 256 * 1024
@@ -82,8 +85,33 @@ _FREE, _BUSY = 0, 1
 MAX_POOL_SLOTS = 8
 
 
+class SharedArray:
+    """A stacked column of numpy arrays (``collate.StackedArrays``) in a shared-memory buffer,
+    as SharedBytes holds a list of bytes: its dtype and shape say how to read it back."""
+
+    __slots__ = ("buffer", "dtype", "generation", "key", "shape")
+
+    def __init__(
+        self,
+        buffer: torch.Tensor | None,
+        dtype: str,
+        shape: tuple[int, ...],
+        key: tuple[str, int],
+        generation: int,
+    ) -> None:
+        self.buffer, self.dtype, self.shape, self.key = buffer, dtype, shape, key
+        self.generation = generation
+
+    def __getstate__(self) -> tuple[Any, ...]:
+        return self.buffer, self.dtype, self.shape, self.key, self.generation
+
+    def __setstate__(self, state: tuple[Any, ...]) -> None:
+        self.buffer, self.dtype, self.shape, self.key, self.generation = state
+
+
 class BytesPool:
-    """A worker's shared-memory buffers, reused for its batches' lists of bytes."""
+    """A worker's shared-memory buffers, reused for its batches' lists of bytes and stacked
+    arrays."""
 
     def __init__(self) -> None:
         self.token = os.urandom(8).hex()  # names this pool; worker pids can be reused
@@ -112,14 +140,20 @@ class BytesPool:
         self.generations.append(0)
         return count, True
 
-    def place(self, items: list[bytes | memoryview], total: int) -> SharedBytes:
-        slot, fresh = self._slot(_HEADER + total)
+    def _take(self, size: int) -> tuple[torch.Tensor | None, memoryview, tuple[str, int], int]:
+        """A buffer of at least ``size`` bytes marked busy: (its tensor if the main process
+        has not seen it, a view of it, its key, its generation)."""
+        slot, fresh = self._slot(size)
         if slot >= 0:
             buffer, view, generation = self.buffers[slot], self.views[slot], self.generations[slot]
         else:  # every slot busy: a one-off buffer
-            buffer = _new_buffer(_HEADER + total)
+            buffer = _new_buffer(size)
             view, generation = buffer.numpy().data, 0
         view[0] = _BUSY
+        return (buffer if fresh else None), view, (self.token, slot), generation
+
+    def place(self, items: list[bytes | memoryview], total: int) -> SharedBytes:
+        buffer, view, key, generation = self._take(_HEADER + total)
         ends: list[int] = []
         start = _HEADER
         for item in items:
@@ -127,7 +161,15 @@ class BytesPool:
             view[start:end] = item
             ends.append(end)
             start = end
-        return SharedBytes(buffer if fresh else None, ends, (self.token, slot), generation)
+        return SharedBytes(buffer, ends, key, generation)
+
+    def stack(self, column: StackedArrays) -> SharedArray:
+        """``column``'s arrays copied one after another into a buffer: the only copy of them
+        between the chunk and the batch."""
+        buffer, view, key, generation = self._take(_HEADER + column.nbytes)
+        out = np.frombuffer(view, column.dtype, math.prod(column.shape), _HEADER)
+        np.stack(column.arrays, out=out.reshape(column.shape))
+        return SharedArray(buffer, column.dtype.str, column.shape, key, generation)
 
 
 def _new_buffer(size: int) -> torch.Tensor:
@@ -143,20 +185,33 @@ class Receiver:
     def __init__(self) -> None:
         self.kept: dict[tuple[str, int], tuple[int, torch.Tensor]] = {}
 
-    def items(self, shared: SharedBytes) -> list[bytes]:
+    def _buffer(self, shared: SharedBytes | SharedArray) -> torch.Tensor:
         if shared.buffer is not None:
-            buffer = shared.buffer
             if shared.key[1] >= 0:
-                self.kept[shared.key] = shared.generation, buffer
-        else:
-            generation, buffer = self.kept[shared.key]
-            if generation != shared.generation:  # the protocol above rules this out
-                raise RuntimeError(f"shared batch buffer {shared.key} is out of date")
-        view = buffer.numpy().data
+                self.kept[shared.key] = shared.generation, shared.buffer
+            return shared.buffer
+        generation, buffer = self.kept[shared.key]
+        if generation != shared.generation:  # the protocol above rules this out
+            raise RuntimeError(f"shared batch buffer {shared.key} is out of date")
+        return buffer
+
+    def items(self, shared: SharedBytes) -> list[bytes]:
+        view = self._buffer(shared).numpy().data
         starts = [_HEADER, *shared.ends[:-1]]
         items = [bytes(view[start:end]) for start, end in zip(starts, shared.ends, strict=True)]
         view[0] = _FREE  # after the copies: the worker may now refill it
         return items
+
+    def array(self, shared: SharedArray, pin: bool) -> torch.Tensor:
+        """The stacked column as a tensor of its own (pinned with ``pin``): the buffer is
+        the worker's to reuse once this returns."""
+        view = self._buffer(shared).numpy().data
+        dtype = np.dtype(shared.dtype)
+        source = np.frombuffer(view, dtype, math.prod(shared.shape), _HEADER)
+        out = torch.empty(shared.shape, dtype=torch.from_numpy(source[:0]).dtype, pin_memory=pin)
+        out.numpy().reshape(-1)[:] = source
+        view[0] = _FREE
+        return out
 
 
 def _is_bytes_like(item: Any) -> bool:
@@ -200,6 +255,8 @@ def pack(batch: Any, pool: BytesPool) -> Any:
         return tuple(pack(value, pool) for value in batch)
     if kind is memoryview:  # from a zero-copy snapshot: cannot be pickled
         return bytes(batch)
+    if kind is StackedArrays:
+        return pool.stack(batch)
     return batch
 
 
@@ -214,6 +271,8 @@ def unpack(batch: Any, pin: bool, receiver: Receiver) -> Any:
         return tensor.pin_memory() if pin else tensor
     if kind is SharedBytes:
         return receiver.items(batch)
+    if kind is SharedArray:
+        return receiver.array(batch, pin)
     if kind is dict:
         return {key: unpack(value, pin, receiver) for key, value in batch.items()}
     if kind is list:

@@ -1,0 +1,191 @@
+"""StreamingDataLoader's default collate: values read as views of the chunks, copied once into
+the batch, and batches equal to those torch's own default_collate makes from the same samples,
+through real DataLoader workers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import txstore
+
+torch = pytest.importorskip("torch")
+
+from torch.utils.data import default_collate  # noqa: E402
+
+from txstore.torch import StreamingDataLoader, StreamingDataset  # noqa: E402
+from txstore.torch.collate import StackedArrays  # noqa: E402
+from txstore.torch.transport import BytesPool, Receiver, SharedArray, pack, unpack  # noqa: E402
+
+N = 300
+BATCH = 32
+
+
+def _sample(i: int) -> dict[str, Any]:
+    """Sample ``i`` as appended: each value made from ``i`` alone."""
+    rng = np.random.default_rng(i)
+    return {
+        "id": i,
+        # 64 KiB each: a batch's column is over STACK_SHARED_MIN, so it leaves a worker
+        # through the shared buffers.
+        "img": rng.integers(0, 256, size=(128, 128, 4), dtype=np.uint8),
+        "lat": rng.standard_normal((4, 8)).astype(np.float16),
+        "mask": rng.integers(0, 2, size=(6,)).astype(bool),
+        "score": np.float64(i) / 7,
+        # Batches of 0.6 to 1.1 MiB: lists on either side of the shared buffers' threshold.
+        "jpeg": rng.bytes(20_000 + 37 * i),
+        "caption": f"sample {i}",
+        "tags": [i, i + 1],
+    }
+
+
+@pytest.fixture(scope="module")
+def store_uri(tmp_path_factory: pytest.TempPathFactory) -> str:
+    uri = str(tmp_path_factory.mktemp("batches") / "s")
+    store = txstore.create(uri, chunk_bytes="1MiB")
+    store.append(_sample(i) for i in range(N // 2))
+    store.append(_sample(i) for i in range(N // 2, N))
+    return uri
+
+
+def _assert_same(got: Any, want: Any, where: str = "batch") -> None:
+    assert type(got) is type(want), f"{where}: {type(got).__name__} != {type(want).__name__}"
+    if isinstance(want, torch.Tensor):
+        assert got.dtype == want.dtype and got.shape == want.shape, where
+        assert torch.equal(got, want), where
+    elif isinstance(want, dict):
+        assert list(got) == list(want), where
+        for key in want:
+            _assert_same(got[key], want[key], f"{where}[{key!r}]")
+    elif isinstance(want, list | tuple):
+        assert len(got) == len(want), where
+        for k, (g, w) in enumerate(zip(got, want, strict=True)):
+            _assert_same(g, w, f"{where}[{k}]")
+    else:
+        assert got == want, where
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_batches_are_those_torchs_default_collate_makes_of_the_samples(
+    store_uri: str, workers: int
+) -> None:
+    ds = StreamingDataset(store_uri, shuffle=True, seed=5)
+    loader = StreamingDataLoader(ds, batch_size=BATCH, num_workers=workers)
+    kept: list[dict[str, Any]] = []
+    for _ in range(3):  # epochs: the workers' shared buffers are refilled again and again
+        kept += list(loader)
+    seen: list[int] = []
+    for batch in kept:  # checked only now: no later batch may have written into an earlier one
+        ids = [int(i) for i in batch["id"]]
+        seen += ids
+        _assert_same(batch, default_collate([_sample(i) for i in ids]))
+    assert sorted(seen) == sorted(list(range(N)) * 3)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_batch_owns_its_memory(store_uri: str, workers: int) -> None:
+    ds = StreamingDataset(store_uri)
+    loader = StreamingDataLoader(ds, batch_size=BATCH, num_workers=workers)
+    first = next(iter(loader))
+    img = first["img"]
+    assert img.numpy().flags.writeable
+    img.zero_()  # a view of a mapped chunk could not be written (or would change the chunk)
+    again = next(iter(StreamingDataLoader(ds, batch_size=BATCH, num_workers=workers)))
+    assert torch.equal(again["img"][0], torch.from_numpy(_sample(int(again["id"][0]))["img"]))
+    assert all(type(b) is bytes for b in first["jpeg"])
+
+
+class _Watching(StreamingDataLoader):
+    """A loader whose default collate reports what it is given, then collates as usual."""
+
+    seen: list[tuple[bool, bool, type]] = []
+
+    def default_collate(self, batched: bool) -> Any:
+        inner = super().default_collate(batched)
+
+        def watch(batch: list[dict[str, Any]]) -> Any:
+            img = batch[0]["img"]
+            _Watching.seen.append((img.flags.writeable, img.flags.owndata, type(batch[0]["jpeg"])))
+            return inner(batch)
+
+        return watch
+
+
+def test_the_loaders_own_collate_is_handed_views_and_any_other_code_copies(
+    store_uri: str,
+) -> None:
+    ds = StreamingDataset(store_uri)
+    _Watching.seen = []
+    for _ in _Watching(ds, batch_size=BATCH, num_workers=0):
+        pass
+    # Views of the chunk: neither writable nor owning their bytes.
+    assert _Watching.seen and all(seen == (False, False, memoryview) for seen in _Watching.seen)
+    # The dataset read directly, a collate_fn of the caller's, a transform: copies, as ever.
+    direct = next(iter(ds))
+    assert direct["img"].flags.writeable and type(direct["jpeg"]) is bytes
+    got: list[dict[str, Any]] = []
+    for _ in StreamingDataLoader(ds, batch_size=BATCH, collate_fn=got.extend):
+        pass
+    assert all(s["img"].flags.writeable and type(s["jpeg"]) is bytes for s in got)
+
+
+def test_a_transform_gets_values_it_may_change(store_uri: str) -> None:
+    def brighten(sample: dict[str, Any]) -> dict[str, Any]:
+        sample["img"] += 1  # in place: refused on a read-only view
+        return {"id": sample["id"], "img": sample["img"]}
+
+    ds = StreamingDataset(store_uri, transform=brighten)
+    for batch in StreamingDataLoader(ds, batch_size=BATCH, num_workers=2):
+        for i, img in zip(batch["id"], batch["img"], strict=True):
+            assert torch.equal(img, torch.from_numpy(_sample(int(i))["img"] + 1))
+
+
+def test_zero_copy_reads_arrays_as_read_only_views(store_uri: str) -> None:
+    store = txstore.open(store_uri)
+    plain, views = store.snapshot()[7], store.snapshot().zero_copy()[7]
+    assert np.array_equal(views["img"], _sample(7)["img"]) and views["img"].dtype == np.uint8
+    assert not views["img"].flags.writeable and plain["img"].flags.writeable
+    with pytest.raises(ValueError, match="read-only"):
+        views["img"][0, 0, 0] = 1
+    # Through the loader's default collate too, which took no views before.
+    ds = StreamingDataset(store_uri, zero_copy=True, fields=["id", "img", "jpeg"])
+    for batch in StreamingDataLoader(ds, batch_size=BATCH, num_workers=2):
+        want = default_collate(
+            [{k: _sample(int(i))[k] for k in ("id", "img", "jpeg")} for i in batch["id"]]
+        )
+        _assert_same(batch, want)
+
+
+def test_columns_torch_cannot_stack_fail_as_torchs_collate_fails(tmp_path: Path) -> None:
+    store = txstore.create(str(tmp_path / "s"))
+    store.append({"id": i, "a": np.zeros((i % 3 + 1,), dtype=np.int32)} for i in range(8))
+    loader = StreamingDataLoader(StreamingDataset(store.snapshot()), batch_size=4)
+    with pytest.raises(RuntimeError, match="equal size"):
+        next(iter(loader))
+    with pytest.raises(RuntimeError, match="equal size"):
+        default_collate([{"a": np.zeros((k,), dtype=np.int32)} for k in (1, 2)])
+
+
+def test_a_stacked_column_crosses_through_a_reused_buffer() -> None:
+    pool, receiver = BytesPool(), Receiver()
+    rng = np.random.default_rng(0)
+    for dtype in (np.uint8, np.float16, np.int64, np.complex64, np.bool_):
+        columns = [
+            [rng.integers(0, 2, size=(64, 70)).astype(dtype) for _ in range(8)] for _ in range(3)
+        ]
+        for column in columns:
+            for a in column:
+                a.flags.writeable = False  # as read from a chunk
+            stacked = StackedArrays(column)
+            assert stacked.nbytes == 8 * column[0].nbytes
+            shared = pack(stacked, pool)
+            assert type(shared) is SharedArray
+            got = unpack(shared, False, receiver)
+            assert type(got) is torch.Tensor and got.numpy().flags.writeable
+            assert np.array_equal(got.numpy(), np.stack(column))
+    # Each column was read before the next was packed: one slot served them all (grown, a
+    # generation later, where a column outgrew it).
+    assert len(receiver.kept) == 1

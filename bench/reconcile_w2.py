@@ -8,7 +8,9 @@ epoch (batch 64) across the factors that differ between harnesses:
   ``lit-arrow`` (``jpeg`` as ``bytes``, pyarrow importable when writing and reading, which
   makes LitData store dict rows as an Arrow footer); each with the default ``batch_decode``
   and ``batch_decode=0``;
-- txstore: ``StreamingDataset(store.snapshot())`` and with ``zero_copy=True``;
+- txstore: ``StreamingDataset(store.snapshot())`` and with ``zero_copy=True``, with ``jpeg``
+  as ``bytes`` (``txstore``) and as a 1-D uint8 array (``txstore-numpy``, beside
+  ``lit-numpy``);
 - MosaicML Streaming (MDS), as a reference;
 - what an epoch touches: ``len(sample["jpeg"])`` only, one byte of every 4 KiB page (what
   bench_read.py does), or every byte (an xxh3 hash of the value);
@@ -23,6 +25,9 @@ repeats. pyarrow is importable only in the children of the ``lit-arrow`` layout,
 ``--arrow-site`` (``pip install --no-deps --target DIR pyarrow``).
 
     python bench/reconcile_w2.py --arrow-site DIR [--quick] [--repeat N] [--json out.json]
+        [--layouts txstore,txstore-numpy,...] [--tasks seq,dl]  (--arrow-site: for lit-arrow)
+
+A run of some layouts or tasks replaces those rows of an earlier full run in bench/report.py.
 
 See bench/README.md, "Why harnesses disagree on W2".
 """
@@ -87,6 +92,7 @@ PACKAGES = ("txstore", "litdata", "mosaicml-streaming", "torch", "numpy", "xxhas
 #: layout -> (system, how it is written)
 LAYOUTS = {
     "txstore": ("txstore", "txstore_append, default compression (random payloads stored raw)"),
+    "txstore-numpy": ("txstore", "txstore_append, jpeg as a 1-D uint8 numpy array, as txstore"),
     "lit-bytes": ("litdata", "BinaryWriter, jpeg as bytes, no pyarrow, uncompressed"),
     "lit-numpy": ("litdata", "BinaryWriter, jpeg as a 1-D uint8 numpy array, uncompressed"),
     "lit-arrow": ("litdata", "BinaryWriter, jpeg as bytes, pyarrow importable, uncompressed"),
@@ -123,9 +129,12 @@ class Measurement:
         return f"{self.task} {self.layout} {self.mode} {self.touch}"
 
 
-def measurements() -> list[Measurement]:
+def measurements(
+    layouts: Sequence[str] = tuple(LAYOUTS), tasks: Sequence[str] = ("seq", "dl")
+) -> list[Measurement]:
     seq_modes = {
         "txstore": ("default", "zero_copy"),
+        "txstore-numpy": ("default", "zero_copy"),
         "lit-bytes": ("default", "batch_decode=0"),
         "lit-numpy": ("default", "batch_decode=0"),
         "lit-arrow": ("default", "batch_decode=0"),
@@ -133,6 +142,7 @@ def measurements() -> list[Measurement]:
     }
     loaders = {
         "txstore": ("torch DataLoader", "StreamingDataLoader"),
+        "txstore-numpy": ("torch DataLoader", "StreamingDataLoader"),
         "lit-bytes": ("StreamingDataLoader",),
         "lit-numpy": ("StreamingDataLoader",),
         "lit-arrow": ("StreamingDataLoader",),
@@ -150,7 +160,7 @@ def measurements() -> list[Measurement]:
         for loader in names
         for collate in COLLATES
     ]
-    return found
+    return [m for m in found if m.layout in layouts and m.task in tasks]
 
 
 # --------------------------------------------------------------------------- child: touching
@@ -457,6 +467,12 @@ def write_child(layout: str, out: Path, workload: Workload) -> str:
         return write_mds(out, samples, workload)
     if layout == "lit-numpy":
         return write_litdata_numpy(out, samples, workload)
+    if layout == "txstore-numpy":
+        import numpy as np
+
+        key = workload.payload_field
+        arrays = [s | {key: np.frombuffer(s[key], dtype=np.uint8)} for s in samples]
+        return txstore_append(out, arrays, chunk_bytes=CHUNK_BYTES)
     note = write_litdata_binarywriter(out, samples, workload)
     if layout == "lit-arrow":
         note += "; " + arrow_footer_note(out)
@@ -498,7 +514,7 @@ def arrow_args(layout: str, args: argparse.Namespace) -> list[str]:
 
 def write_datasets(workload: Workload, run_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
     datasets: dict[str, Dataset] = {}
-    for layout in LAYOUTS:
+    for layout in args.layouts:
         out = run_dir / layout
         start = time.perf_counter()
         write = ["--write", layout, "--out", str(out), "--workload", json.dumps(asdict(workload))]
@@ -553,7 +569,7 @@ def run_rounds(
 ) -> Runs:
     """Every measurement once per repeat, each repeat in its own seeded order;
     ``after_repeat(runs, done)`` after each repeat (the partial report)."""
-    chosen = measurements()
+    chosen = measurements(args.layouts, args.tasks)
     runs: Runs = {m: [] for m in chosen}
     for turn in range(args.repeat):
         for m in shuffled(chosen, turn):
@@ -685,6 +701,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="a folder holding pyarrow (pip install --no-deps --target DIR pyarrow), put on "
         "sys.path only in the lit-arrow layout's processes",
     )
+    parser.add_argument(
+        "--layouts",
+        default=",".join(LAYOUTS),
+        help=f"the layouts to write and read, comma-separated (default: all: {','.join(LAYOUTS)})",
+    )
+    parser.add_argument(
+        "--tasks", default="seq,dl", help="seq (epochs in one process), dl (DataLoader), or both"
+    )
     parser.add_argument("--epochs", type=int, default=SEQ_EPOCHS, help="seq epochs per child")
     parser.add_argument("--cap", type=float, help="seconds after which an epoch stops")
     parser.add_argument("--timeout", type=float, default=CHILD_TIMEOUT_S, help="per child, s")
@@ -695,6 +719,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--workload", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    args.layouts = [name for name in args.layouts.split(",") if name]
+    unknown = sorted(set(args.layouts) - set(LAYOUTS))
+    if unknown or not args.layouts:
+        parser.error(f"--layouts: unknown {unknown}; choose from {', '.join(LAYOUTS)}")
+    args.tasks = [name for name in args.tasks.split(",") if name]
+    if not args.tasks or not set(args.tasks) <= {"seq", "dl"}:
+        parser.error(f"--tasks: {args.tasks}: choose seq, dl or both")
     if args.repeat is None:
         args.repeat = 1 if args.quick else 3
     if args.cap is None:
@@ -717,7 +748,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         note = write_child(args.write, Path(args.out), workload)
         Path(args.result).write_text(json.dumps({"note": note}))
         return 0
-    if args.arrow_site is None or not (args.arrow_site / "pyarrow").is_dir():
+    wants_arrow = "lit-arrow" in args.layouts
+    if wants_arrow and (args.arrow_site is None or not (args.arrow_site / "pyarrow").is_dir()):
         raise SystemExit("--arrow-site: give a folder holding pyarrow (see --help)")
     if importlib.util.find_spec("pyarrow") is not None:
         raise SystemExit("pyarrow is importable here: only the lit-arrow layout may see it")

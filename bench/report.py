@@ -878,12 +878,15 @@ def import_section(report: Report) -> str:
 def reconcile_section(report: Report) -> str:
     rows = report["rows"]
 
+    runs = report.get("runs", [report])
+
     def rate(r: Row | None) -> str:
         if r is None:
             return "-"
+        mark = f" ({r['run']})" if len(runs) > 1 else ""
         if r["check"] != "ok":
-            return "stalled"
-        return f"{r['samples_per_s']['median']:,.0f}"
+            return "stalled" + mark
+        return f"{r['samples_per_s']['median']:,.0f}{mark}"
 
     touches = list(report["touches"])
     seq: dict[tuple[str, str], dict[str, Row]] = {}
@@ -910,7 +913,15 @@ def reconcile_section(report: Report) -> str:
         f"{w['payload_size'] // 1024} KiB, warm page cache, each figure a fresh process, "
         "median samples/s of the repeats. LitData written three ways: `lit-bytes` (jpeg as "
         "bytes, no pyarrow), `lit-numpy` (jpeg as a numpy array), `lit-arrow` (bytes with "
-        "pyarrow importable, which makes LitData write its Arrow layout).\n",
+        "pyarrow importable, which makes LitData write its Arrow layout); txstore two: "
+        "`txstore` (jpeg as bytes) and `txstore-numpy` (as a numpy array)."
+        + (
+            " A figure's (n) names the run it comes from (listed below, oldest first): a later "
+            "run of some layouts and tasks, with its peers, replaces those rows."
+            if len(runs) > 1
+            else ""
+        )
+        + "\n",
         "Sequential epoch (first epoch), by what each sample's jpeg is touched with: "
         + "; ".join(f"{k}: {v}" for k, v in report["touches"].items()) + ".\n",
         table(["layout, mode", *touches], seq_rows) + "\n",
@@ -918,7 +929,7 @@ def reconcile_section(report: Report) -> str:
         + "; ".join(f"{k}: {v}" for k, v in report["collates"].items())
         + " (stalled: no batch within the cap).\n",
         table(["layout, loader", *collates], dl_rows) + "\n",
-        run_line([report]) + "\n",
+        run_line(runs) + "\n",
     ])  # fmt: skip
 
 
@@ -1328,6 +1339,22 @@ def merged_read(reports: Sequence[Report]) -> tuple[Report, list[Report]]:
     return merged, runs
 
 
+def merged_reconcile(reports: Sequence[Report]) -> tuple[Report, list[Report]]:
+    """One reconcile_w2 report: the newest run's rows replace those of the same measurement
+    in the runs before it (a run of some layouts or tasks, each with its peers in it), each
+    row tagged with the run it comes from. Also the runs, oldest first."""
+    ordered = sorted(reports, key=lambda r: r["machine"].get("started", ""))
+    merged = dict(ordered[0])
+    found: dict[tuple[Any, ...], Row] = {}
+    for number, report in enumerate(ordered, start=1):
+        for row in report["rows"]:
+            key = (row["task"], row["layout"], row["mode"], row["touch"], row["collate"])
+            found[(*key, row["epoch"])] = row | {"run": number}
+    merged["rows"] = list(found.values())
+    merged["runs"] = ordered
+    return merged, list(ordered)
+
+
 def generate(reports: Sequence[Report], plots: Plots, inputs: Sequence[Path]) -> str:
     by_kind: dict[str, Report] = {}
     for r in reports:
@@ -1337,6 +1364,10 @@ def generate(reports: Sequence[Report], plots: Plots, inputs: Sequence[Path]) ->
     if len(reads) > 1:
         by_kind["read"], runs = merged_read(reads)
         used = [r for r in used if kind(r) != "read"] + runs
+    reconciles = [r for r in reports if kind(r) == "reconcile_w2"]
+    if len(reconciles) > 1:
+        by_kind["reconcile_w2"], runs = merged_reconcile(reconciles)
+        used = [r for r in used if kind(r) != "reconcile_w2"] + runs
     sources = ", ".join(f"`{p.as_posix()}`" for p in inputs)
     parts = [
         "# Benchmarks\n",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,27 @@ def test_windows_are_those_of_the_concatenation(
         assert np.array_equal(window.numpy(), want)
     for k in (0, 1, len(expected) // 2, -1):
         assert np.array_equal(ds.window(k).numpy(), expected[k])
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("block", [2, 700])
+def test_windows_own_their_tokens(
+    tmp_path: Path, arrays: list[Any], shuffle: bool, block: int
+) -> None:
+    """Token arrays are read as views of the chunks (mapped: stored uncompressed here); each
+    window is a copy of its own, which the caller may change."""
+    store = txstore.create(str(tmp_path / "s"), chunk_bytes=2048, compression=None)
+    store.append({"tokens": a} for a in arrays)
+    ds = TokenStreamingDataset(store.snapshot(), block_size=block, shuffle=shuffle)
+    with warnings.catch_warnings():
+        # torch warns of a tensor made over a read-only array: a window that is a view
+        warnings.simplefilter("error")
+        windows = list(ds)
+    for window in windows:
+        window.add_(1)
+    again = sorted(int(w[0]) for w in TokenStreamingDataset(store.snapshot(), block_size=block))
+    assert again == [k * block for k in range(len(_expected(arrays, block)))]
+    assert sorted(int(w[0]) - 1 for w in windows) == again
 
 
 def test_windows_of_random_tokens_keep_their_dtype(tmp_path: Path) -> None:

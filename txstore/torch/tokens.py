@@ -381,7 +381,11 @@ class TokenStreamingDataset(SnapshotDataset):
         _, s0, s1, offset = self._samples_span(base + piece.start, base + piece.stop)
         low, high = int(self._chunk_starts[piece.chunk]), int(self._chunk_starts[piece.chunk + 1])
         reader, field = snapshot.reader, self.field
-        rows = reader.samples(fetched, chunk, snapshot.version, s0 - low, min(s1, high) - low)
+        # Views of the chunk (read-only): every window is a copy of its own (``_cut``, and the
+        # shuffled runs), so each token is copied once on its way to a window, not twice.
+        rows = reader.samples(
+            fetched, chunk, snapshot.version, s0 - low, min(s1, high) - low, views=True
+        )
         arrays: Iterator[np.ndarray[Any, Any]] = (row[field] for row in rows)
         if s1 > high:  # the last window runs on into the next chunks
             arrays = itertools.chain(arrays, (snapshot[i][field] for i in range(high, s1)))
@@ -392,7 +396,7 @@ class TokenStreamingDataset(SnapshotDataset):
     ) -> Iterator[torch.Tensor]:
         snapshot = self._own_snapshot()
         fetcher = _ChunkFetcher(
-            snapshot, self._cache_dir(), self.max_cache_size, self.prefetch_chunks, views=False
+            snapshot, self._cache_dir(), self.max_cache_size, self.prefetch_chunks, views=True
         )
         stream = fetcher.stream([self._chunks[p.chunk] for run in runs for p in run])
         block = self.block_size

@@ -86,7 +86,7 @@ def test_batches_are_those_torchs_default_collate_makes_of_the_samples(
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_a_batch_owns_its_memory(store_uri: str, workers: int) -> None:
+def test_a_batch_is_the_callers_to_change(store_uri: str, workers: int) -> None:
     ds = StreamingDataset(store_uri)
     loader = StreamingDataLoader(ds, batch_size=BATCH, num_workers=workers)
     first = next(iter(loader))
@@ -169,23 +169,57 @@ def test_columns_torch_cannot_stack_fail_as_torchs_collate_fails(tmp_path: Path)
         default_collate([{"a": np.zeros((k,), dtype=np.int32)} for k in (1, 2)])
 
 
+def _column(rng: np.random.Generator, dtype: Any) -> list[np.ndarray[Any, Any]]:
+    column = [rng.integers(0, 2, size=(64, 70)).astype(dtype) for _ in range(8)]
+    for a in column:
+        a.flags.writeable = False  # as read from a chunk
+    return column
+
+
 def test_a_stacked_column_crosses_through_a_reused_buffer() -> None:
     pool, receiver = BytesPool(), Receiver()
     rng = np.random.default_rng(0)
     for dtype in (np.uint8, np.float16, np.int64, np.complex64, np.bool_):
-        columns = [
-            [rng.integers(0, 2, size=(64, 70)).astype(dtype) for _ in range(8)] for _ in range(3)
-        ]
-        for column in columns:
-            for a in column:
-                a.flags.writeable = False  # as read from a chunk
+        for _ in range(3):
+            column = _column(rng, dtype)
             stacked = StackedArrays(column)
             assert stacked.nbytes == 8 * column[0].nbytes
             shared = pack(stacked, pool)
             assert type(shared) is SharedArray
             got = unpack(shared, False, receiver)
-            assert type(got) is torch.Tensor and got.numpy().flags.writeable
+            assert type(got) is torch.Tensor and got.numpy().dtype == column[0].dtype
             assert np.array_equal(got.numpy(), np.stack(column))
-    # Each column was read before the next was packed: one slot served them all (grown, a
+            del got  # the batch is done with: its buffer may be refilled
+    # Each batch was gone before the next was packed: one slot served them all (grown, a
     # generation later, where a column outgrew it).
     assert len(receiver.kept) == 1
+
+
+def test_a_workers_buffer_is_refilled_only_once_no_batch_uses_it() -> None:
+    from txstore.torch.transport import MAX_POOL_SLOTS
+
+    pool, receiver = BytesPool(), Receiver()
+    rng = np.random.default_rng(1)
+    columns = [_column(rng, np.int32) for _ in range(MAX_POOL_SLOTS + 4)]
+    slots: list[int] = []
+
+    def ship(column: list[np.ndarray[Any, Any]]) -> Any:
+        shared = pack(StackedArrays(column), pool)
+        slots.append(shared.key[1])
+        return unpack(shared, False, receiver)
+
+    held = [ship(c) for c in columns[: MAX_POOL_SLOTS + 1]]
+    # Every batch still held: a slot each, then a one-off buffer (slot -1).
+    assert slots == [*range(MAX_POOL_SLOTS), -1]
+    part = held[3][2:5]  # a view of a batch holds its buffer as the batch did
+    del held[3]
+    held.append(ship(columns[MAX_POOL_SLOTS + 1]))
+    assert slots[-1] == -1
+    del part
+    held.append(ship(columns[MAX_POOL_SLOTS + 2]))
+    assert slots[-1] == 3  # free again: refilled
+    # Nothing was written into a buffer a batch used.
+    kept = [c for k, c in enumerate(columns[: MAX_POOL_SLOTS + 3]) if k != 3]
+    assert len(held) == len(kept)
+    for batch, column in zip(held, kept, strict=True):
+        assert np.array_equal(batch.numpy(), np.stack(column))

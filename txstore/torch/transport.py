@@ -7,6 +7,11 @@ several times what sending the same ids as bytes costs. So a worker sends tensor
 up to ``INLINE_TENSOR_BYTES`` as their bytes, and the main process rebuilds them; larger
 tensors keep the shared-memory path, which copies nothing.
 
+A stacked column of arrays (``collate.StackedArrays``: images, latents) is copied once, by
+the worker, into such a buffer, and the batch's tensor is made over the main process's mapping
+of it: the buffer stays the batch's until no tensor uses it (``_Lease``), so a training step
+reads the very pages the worker wrote, with no new segment and no copy in between.
+
 The other way round for lists of large ``bytes`` (a batch of JPEGs): pickled, 6 MB a batch
 went through the pipe in four copies. Instead each worker copies them into a shared-memory
 buffer it keeps and reuses (BytesPool), and the main process copies them out of its mapping of
@@ -203,15 +208,33 @@ class Receiver:
         return items
 
     def array(self, shared: SharedArray, pin: bool) -> torch.Tensor:
-        """The stacked column as a tensor of its own (pinned with ``pin``): the buffer is
-        the worker's to reuse once this returns."""
+        """The stacked column as a tensor: over the worker's buffer itself, which stays the
+        batch's until no tensor uses it (then the worker may refill it); with ``pin``, a
+        pinned copy, and the buffer is free at once."""
         view = self._buffer(shared).numpy().data
         dtype = np.dtype(shared.dtype)
         source = np.frombuffer(view, dtype, math.prod(shared.shape), _HEADER)
-        out = torch.empty(shared.shape, dtype=torch.from_numpy(source[:0]).dtype, pin_memory=pin)
-        out.numpy().reshape(-1)[:] = source
-        view[0] = _FREE
-        return out
+        if pin:
+            dtype_of = torch.from_numpy(source[:0]).dtype
+            out = torch.empty(shared.shape, dtype=dtype_of, pin_memory=True)
+            out.numpy().reshape(-1)[:] = source
+            view[0] = _FREE
+            return out
+        return torch.from_numpy(np.asarray(_Lease(source.reshape(shared.shape), view)))
+
+
+class _Lease:
+    """A batch's hold on a worker's buffer: numpy keeps it as the base of the array a batch
+    tensor is made over, and torch keeps that array for as long as the tensor's storage lives
+    (slices and views included); when the last goes, the buffer is marked free."""
+
+    def __init__(self, array: np.ndarray[Any, Any], buffer: memoryview) -> None:
+        self.__array_interface__ = array.__array_interface__
+        self._array = array  # keeps the mapping alive
+        self._buffer = buffer
+
+    def __del__(self) -> None:
+        self._buffer[0] = _FREE
 
 
 def _is_bytes_like(item: Any) -> bool:

@@ -357,7 +357,7 @@ class StorageSuite:
         def reader(seed: int) -> list[str]:
             rng = random.Random(seed)
             wrong = []
-            for _ in range(400):
+            for _ in range(150):
                 key = rng.choice(keys)
                 start = rng.randrange(0, 2000)
                 got = storage.read_range(key, start, start + 500)

@@ -62,7 +62,7 @@ def test_vacuum_while_another_process_appends(shared_backend: Backend) -> None:
     assert store.expire(keep_last=1).expired == [0, 1, 3, 4, 5, 6]
     time.sleep(GRACE + 1.5)  # every file so far is older than the grace period
 
-    proc = _appender(shared_backend, "w", 16)
+    proc = _appender(shared_backend, "w", 8)
     deleted: set[str] = set()
     runs = 0
     while proc.poll() is None or runs == 0:

@@ -164,9 +164,9 @@ def lockstep_appends(
 
 
 def test_lockstep_racing_appends_land_exactly_once(race_server: S3Server) -> None:
-    """4 processes x 15 appends, each round started together: every one lands once."""
+    """4 processes x 8 appends, each round started together: every one lands once."""
     backend = Backend("s3", f"s3://{race_server.new_bucket()}/store", race_server.options)
-    writers, rounds = 4, 15  # each round is a 4-way race for one version, then for the next
+    writers, rounds = 4, 8  # each round is a 4-way race for one version, then for the next
     history, acks, found = lockstep_appends(backend, writers, rounds)
     assert found == []
     assert history.latest == writers * rounds

@@ -898,19 +898,36 @@ class StreamingDataLoader(DataLoader[Any]):
             _write_control(self._control, dataset._iteration())
         if isinstance(dataset, StreamingDataset):
             dataset._views_for_collate = self._own_collate
+        batches: Any = None
         try:
             shipped, pin = self.num_workers > 0, self.pin_memory and _can_pin()
             receiver = self._receiver or Receiver()
-            for worker, count, batch in super().__iter__():
+            batches = super().__iter__()
+            for worker, count, batch in batches:
                 self._delivered[worker] = self._delivered.get(worker, 0) + count
                 self._next_worker = (worker + 1) % workers
                 yield unpack(batch, pin, receiver) if shipped else batch
+        except BaseException as e:
+            if not isinstance(e, GeneratorExit):
+                self._stop_workers(batches)
+            raise
         finally:
             dataset.skip, dataset.rotation = {}, 0
             if isinstance(dataset, StreamingDataset):
                 dataset._views_for_collate = False
         # A finished epoch resumes at the start of the next.
         self._delivered, dataset.todo, self._finished = {}, None, True
+
+    def _stop_workers(self, batches: Any) -> None:
+        """Stop the workers of an epoch that failed, now. torch re-raises a worker's error
+        from a frame that holds it, so the failed iterator lives on in a reference cycle until
+        the garbage collector, which closes its queues before the iterator can tell its
+        workers to stop: each worker would then be waited for until a timeout."""
+        shutdown = getattr(batches, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+        if self.persistent_workers:  # the next epoch starts new ones
+            self._iterator = None
 
     def state_dict(self) -> dict[str, Any]:
         """Where this loader stands: the snapshot, the epoch's layout, samples per worker."""

@@ -33,11 +33,12 @@ from .maintenance import (
     _refuse_if_damaged,
     collectable,
     kept_versions,
+    lapsed_leases,
     parallel,
     reach,
 )
 from .progress import QUIET, Progress
-from .refs import Refs
+from .refs import LEASES, Refs
 from .segments import Leaf, Loaded, Node, Segments
 
 logger = logging.getLogger(__name__)
@@ -58,6 +59,8 @@ class Change:
     #: Files in the version's changed subtrees that the parent's changed subtrees do not name:
     #: every file new to the version, and perhaps some it shares (harmless: see ``run``).
     added: set[str]
+    #: False when a subtree could not be read (skipped): ``removed`` may lack files.
+    complete: bool = True
 
 
 class Trees:
@@ -76,6 +79,7 @@ class Trees:
         # this one's new side) reuses. A failed read is remembered too, and judged again for
         # each version that needs the file.
         self._loaded: dict[str, Loaded | TxstoreError] = {}
+        self.skipped = 0
 
     def trim(self) -> None:
         if len(self._loaded) > _REMEMBER:
@@ -106,6 +110,7 @@ class Trees:
                         f"vacuum stopped before deleting anything: {got}. Run `txstore verify`"
                     )
                 logger.debug("vacuum skips %s of version %d: %s", ref.path, version, got)
+                self.skipped += 1
                 out.append(None)
             else:
                 out.append(got)
@@ -113,6 +118,7 @@ class Trees:
 
     def compare(self, old: Manifest, new: Manifest) -> Change:
         """The files ``new`` stopped naming and those it may have added, against ``old``."""
+        skipped = self.skipped
         sides = (
             ({r.path: r for r in old.segments}, set[str](), old.version),
             ({r.path: r for r in new.segments}, set[str](), new.version),
@@ -146,7 +152,7 @@ class Trees:
             # chunk; a forged segment anything): the shared subtrees may name it too. Rare
             # (compaction, rollback, dropped fields): read them to be exact.
             removed -= self._files_under(shared, new.version)
-        return Change(removed, new_files - old_files)
+        return Change(removed, new_files - old_files, complete=self.skipped == skipped)
 
     def _files_under(self, refs: Sequence[SegmentRef], version: int) -> set[str]:
         found: set[str] = set()
@@ -246,13 +252,14 @@ def vacuum_incremental(
     else:
         raise ConflictError(f"vacuum of {storage.uri} gave up: versions kept being committed")
 
-    doomed, gone = _doomed(log, segments, kept, dead, cutoff, progress)
+    doomed, gone = _doomed(log, kept, dead, cutoff, trees, progress)
+    doomed += lapsed_leases(refs, storage.list(LEASES), cutoff)
     for key in gone:
         del dead[key]
     if not dry_run:
         parallel(lambda info: _delete(storage, info), doomed, "deleting", "files", progress)
         for info in doomed:
-            del dead[info.key]
+            dead.pop(info.key, None)
         new_state = VacuumState(through=prev.version, commit_id=prev.commit_id, dead=dead)
         try:
             storage.compare_and_swap(STATE_KEY, fmt.encode(new_state), token)
@@ -279,10 +286,10 @@ def vacuum_incremental(
 
 def _doomed(
     log: VersionLog,
-    segments: Segments,
     kept: Kept,
     dead: dict[str, int],
     cutoff: float,
+    trees: Trees,
     progress: Progress,
 ) -> tuple[list[FileInfo], list[str]]:
     """(dead files to delete now, dead files already gone)."""
@@ -295,7 +302,7 @@ def _doomed(
     below = list(kept.below(max(candidates.values())))
     if below:
         graced = frozenset(v for v in below if kept.is_graced(v))
-        needed = reach(log, segments, below, tolerate=graced, progress=progress)
+        needed = reach(log, trees.segments, below, tolerate=graced, progress=progress)
         _refuse_if_damaged(log.storage, needed)
         first, needed_keys = below[0], needed.keys
         candidates = {f: m for f, m in candidates.items() if m < first or f not in needed_keys}
@@ -304,7 +311,32 @@ def _doomed(
     infos = parallel(storage.info, keys, "checking files", "files", progress)
     gone = [k for k, info in zip(keys, infos, strict=True) if info is None]
     doomed = [info for info in infos if info is not None and info.mtime < cutoff]
-    return doomed, gone
+    unproven = _check_dead(log, trees, {f.key: candidates[f.key] for f in doomed})
+    gone += unproven
+    return [f for f in doomed if f.key not in unproven], gone
+
+
+def _check_dead(log: VersionLog, trees: Trees, doomed: dict[str, int]) -> list[str]:
+    """Check the state's word before deleting: each file must be one that version m + 1
+    stopped naming, by comparing m and m + 1 again (what expired, read once more). A file it
+    does not name is damage or forgery: nothing is deleted. Returns the files the comparison
+    could not prove for want of a cleaned subtree: kept off the list, left to a full vacuum."""
+    by_version: dict[int, list[str]] = {}
+    for f, m in doomed.items():
+        by_version.setdefault(m, []).append(f)
+    unproven: list[str] = []
+    for m, files in sorted(by_version.items()):
+        change = trees.compare(log.read(m, fresh=True), log.read(m + 1, fresh=True))
+        trees.trim()
+        wrong = [f for f in files if f not in change.removed]
+        if wrong and change.complete:
+            raise CorruptError(
+                f"vacuum stopped before deleting anything: {log.storage.uri}/{STATE_KEY} "
+                f"says version {m + 1} stopped naming {wrong[0]!r}, and it did not (damaged "
+                f"or forged): delete {STATE_KEY} to rebuild it, or run the full vacuum"
+            )
+        unproven += wrong
+    return unproven
 
 
 def state_size(storage: Storage) -> int:

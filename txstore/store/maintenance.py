@@ -434,9 +434,8 @@ def vacuum(
         _refuse_if_damaged(storage, more)
         needed.segments.update(more.segments)
         needed.files.update(more.files)
-    lapsed = {lease_key(lease_id) for lease_id, lease in refs.leases() if lease.expires_at < cutoff}
     doomed = [f for f in orphans(listing, needed) if f.mtime < cutoff]
-    doomed += [f for f in listing if f.mtime < cutoff and f.key in lapsed]
+    doomed += lapsed_leases(refs, listing, cutoff)
     if dry_run:
         for f in doomed:
             logger.debug("vacuum would delete %s (%d bytes)", f.key, f.size)
@@ -456,6 +455,12 @@ def vacuum(
         kept_versions=len(keep),
         expired_versions=latest + 1 - len(keep),
     )
+
+
+def lapsed_leases(refs: Refs, listing: Iterable[FileInfo], cutoff: float) -> list[FileInfo]:
+    """The leases in ``listing`` that lapsed before ``cutoff`` and were last written before it."""
+    lapsed = {lease_key(lease_id) for lease_id, lease in refs.leases() if lease.expires_at < cutoff}
+    return [f for f in listing if f.mtime < cutoff and f.key in lapsed]
 
 
 def _delete(storage: Storage, f: FileInfo) -> None:

@@ -470,3 +470,23 @@ def test_incremental_vacuum_on_s3(backend: Backend) -> None:
     done = {f.key for f in store.vacuum(grace=0, incremental=True).files}
     assert done == exact and done
     assert store.verify(deep=True).ok
+
+
+def test_segments_named_twice_in_one_tree_stay(small_trees: None, backend: Backend) -> None:
+    """Appends of the same chunk references make segments of the same content, which a writer
+    names by one path (written once): one tree then names a leaf, and a node, in several
+    places. Those leaving the top of the tree for a node it already names are not dead."""
+    clock = Clock()
+    store = _store(backend, clock, appends=1, size=3)
+    store.vacuum(grace=0, incremental=True)
+    (ref,) = store.snapshot().chunk_refs()
+    for _ in range(400):  # deep enough for nodes of nodes named twice
+        store._ctx.append_chunks([ref, ref], start=store.snapshot().manifest)
+    paths = [r.path for r in store.snapshot().manifest.segments]
+    assert len(paths) > len(set(paths))  # the same segment twice at the top
+    store.expire(keep_last=1)
+    exact = {f.key for f in store.vacuum(grace=0, dry_run=True).files}
+    done = {f.key for f in store.vacuum(grace=0, incremental=True).files}
+    assert done and done <= exact
+    assert store.verify(deep=True).ok
+    assert len(list(store.snapshot())) == 3 + 400 * 6

@@ -85,8 +85,11 @@ class Trees:
         if len(self._loaded) > _REMEMBER:
             self._loaded.clear()
 
-    def load(self, refs: Sequence[SegmentRef], version: int) -> list[Loaded | None]:
-        """The segment files of ``refs`` as ``version`` needs them (None: skipped)."""
+    def load(
+        self, refs: Sequence[SegmentRef], version: int, *, keep_leaves: bool = True
+    ) -> list[Loaded | None]:
+        """The segment files of ``refs`` as ``version`` needs them (None: skipped); without
+        ``keep_leaves``, leaves are not remembered (a whole tree's would fill memory)."""
         wanted = list({r.path: r for r in refs if r.path not in self._loaded}.values())
 
         def read(ref: SegmentRef) -> Loaded | TxstoreError:
@@ -100,10 +103,13 @@ class Trees:
             if len(wanted) > 2
             else [read(r) for r in wanted]
         )
-        self._loaded.update((r.path, got) for r, got in zip(wanted, got_all, strict=True))
+        fetched = {r.path: got for r, got in zip(wanted, got_all, strict=True)}
+        self._loaded.update(
+            (p, got) for p, got in fetched.items() if keep_leaves or not isinstance(got, Leaf)
+        )
         out: list[Loaded | None] = []
         for ref in refs:
-            got = self._loaded[ref.path]
+            got = fetched[ref.path] if ref.path in fetched else self._loaded[ref.path]
             if isinstance(got, TxstoreError):
                 if version in self.kept and not self.kept.is_graced(version):
                     raise CorruptError(
@@ -146,28 +152,35 @@ class Trees:
                         for chunk in got.chunks:
                             files.update(f.path for f in chunk_files(chunk))
         removed = old_files - new_files
-        gone = [f for f in removed if not f.startswith(fmt.SEGMENTS)]
-        if gone and shared:
-            # A chunk may be named twice in one version (a staged part may name a committed
-            # chunk; a forged segment anything): the shared subtrees may name it too. Rare
-            # (compaction, rollback, dropped fields): read them to be exact.
-            removed -= self._files_under(shared, new.version)
+        # One version may name a file twice: a chunk (a staged part may name a committed one)
+        # and a segment too (appends of the same chunks make segments of the same content,
+        # which a writer writes once and names wherever they occur). So what left the changed
+        # subtrees may still be under a shared one: look there. For a chunk that means every
+        # shared segment (rare: compaction, rollback, dropped fields); for a segment, only
+        # the shared nodes above its level (a few, and read once a run: they persist).
+        if any(not f.startswith(fmt.SEGMENTS) for f in removed):
+            removed -= self._under(shared, new.version, leaves=True)
+        elif removed and shared:
+            removed -= self._under(shared, new.version, leaves=False)
         return Change(removed, new_files - old_files, complete=self.skipped == skipped)
 
-    def _files_under(self, refs: Sequence[SegmentRef], version: int) -> set[str]:
+    def _under(self, refs: Sequence[SegmentRef], version: int, *, leaves: bool) -> set[str]:
+        """Every segment under ``refs`` and, with ``leaves``, every chunk and field file."""
         found: set[str] = set()
-        level = list(refs)
-        seen: set[str] = set()
+        level = [r for r in refs if leaves or r.level > 0]
         while level:
-            below: list[SegmentRef] = []
-            for got in self.load(level, version):
+            below: dict[str, SegmentRef] = {}
+            for got in self.load(level, version, keep_leaves=False):
                 if isinstance(got, Node):
-                    below += [c for c in got.children if c.path not in seen]
-                    seen.update(c.path for c in got.children)
+                    for child in got.children:
+                        if child.path not in found:
+                            found.add(child.path)
+                            if leaves or child.level > 0:
+                                below[child.path] = child
                 elif isinstance(got, Leaf):
                     for chunk in got.chunks:
                         found.update(f.path for f in chunk_files(chunk))
-            level = below
+            level = list(below.values())
         return found
 
 

@@ -490,3 +490,82 @@ def test_segments_named_twice_in_one_tree_stay(small_trees: None, backend: Backe
     assert done and done <= exact
     assert store.verify(deep=True).ok
     assert len(list(store.snapshot())) == 3 + 400 * 6
+
+
+# -- expire by age: bisection over commit times ----------------------------------------------
+
+
+def test_expire_older_than_never_expires_a_younger_version(backend: Backend) -> None:
+    """Commit times out of order (writers' clocks disagree): ``expire(older_than=...)`` finds
+    the boundary by bisection and checks each version before it; a young version is never
+    expired, an old one after a young one waits for a later expire."""
+    txstore.create(backend.uri, chunk_bytes=1024, block_bytes=256)
+    clock = Clock()
+    t0 = clock.t
+    store = Store(open_storage(backend.uri), clock=clock)
+    hours = [0, 10, 1, 2, 3, 4, 11]  # versions 1..7: version 2 is young, 3.. are old again
+    for v, h in enumerate(hours, start=1):
+        clock.t = t0 + h * 3600
+        store.append(samples(10 * v, 2))
+    assert [store._ctx.log.read(v).timestamp for v in range(1, 8)] == [t0 + h * 3600 for h in hours]
+    clock.t = t0 + 12 * 3600  # older than 5h: committed at t0 + 7h or before
+    report = store.expire(keep_last=1, older_than="5h", dry_run=True)
+    assert report.expired == [0, 1, 3, 4, 5, 6]  # version 2 is before the boundary, and young
+    # Versions 0..3: the bisection meets version 2 (young) first; version 3 (old) waits.
+    assert store.expire(keep_last=4, older_than="5h", dry_run=True).expired == [0, 1]
+
+
+# -- proportional: what the incremental vacuum and expire read --------------------------------
+
+
+def test_incremental_vacuum_and_expire_read_what_changed_not_the_history(
+    small_trees: None,
+) -> None:
+    """Counted storage calls, not times. After 80 versions, 58 kept, a run that follows 3
+    appends and the expiry of 5 versions lists no data folder and reads the manifests of the
+    versions since the last run and of the newly expired ones only; the exact vacuum, counted
+    the same way, lists the store and reads every kept version's. ``expire(older_than=...)``
+    reads the manifests of the versions it expires and a few more, not every unexpired one."""
+    from .faults import FaultyStorage
+
+    uri = f"memory://{random.getrandbits(64):x}"
+    clock = Clock()
+    txstore.create(uri, chunk_bytes=1024, block_bytes=256)
+    store = Store(open_storage(uri), clock=clock)
+    for v in range(80):
+        store.append(samples(10 * v, 4))
+    store.expire(keep_last=60)  # versions 0..20
+    store.vacuum(grace=0, incremental=True)
+    for v in range(3):
+        store.append(samples(1000 + v, 4))
+    clock.t += 3600
+    store.expire(keep_last=58)  # versions 21..25 now
+
+    def manifests_read(counted: FaultyStorage) -> set[int]:
+        out = set()
+        for op, key in counted.calls:
+            if op == "read" and key.startswith("versions/index.v"):
+                out.add(int(key.removeprefix("versions/index.v").removesuffix(".json")))
+        return out
+
+    counted = FaultyStorage(open_storage(uri))
+    done = Store(counted, clock=clock).vacuum(grace=0, incremental=True)
+    assert done.files
+    listed = {key for op, key in counted.calls if op == "list"}
+    assert listed <= {"refs/tags/", "refs/leases/"}
+    read = manifests_read(counted)
+    # 80..83 compared (84: the probe past the latest), 20..26 compared again for the check
+    assert read <= set(range(20, 27)) | set(range(80, 85))
+    exact = FaultyStorage(open_storage(uri))
+    Store(exact, clock=clock).vacuum(grace=0, dry_run=True)
+    assert "" in {key for op, key in exact.calls if op == "list"}
+    assert len(manifests_read(exact)) >= 58  # it reads every kept version's
+
+    clock.t += 10 * 3600
+    for v in range(40):  # young versions: expire by age reads a few of them, not all
+        store.append(samples(2000 + v, 4))
+    clock.t += 2 * 3600
+    aged = FaultyStorage(open_storage(uri))
+    report = Store(aged, clock=clock).expire(older_than="5h")
+    assert report.expired == list(range(26, 84))
+    assert len(manifests_read(aged)) <= len(report.expired) + 8  # + the bisection's

@@ -30,7 +30,7 @@ from ..storage.base import TEMP_PREFIX
 from ..txn import VersionLog
 from ..txn.log import version_of_key
 from .progress import QUIET, Progress
-from .refs import RETENTION_KEY, Refs, find_expired, lease_key, with_expired
+from .refs import RETENTION_KEY, Refs, lease_key, with_expired
 from .segments import Loaded, Node, Segments
 
 logger = logging.getLogger(__name__)
@@ -349,12 +349,9 @@ def expire(
         protection = refs.protection(t)
         latest = log.latest_version()
         last = latest - (keep_last or 1)  # the newest version that may expire
-        candidates = [v for v in range(last + 1) if find_expired(retention, v) is None]
+        candidates = unlisted(retention, last)
         if older_than is not None:
-            manifests, problems = read_manifests(log, candidates)
-            if problems:
-                raise CorruptError(f"cannot expire: {problems[0].key}: {problems[0].message}")
-            candidates = [v for v in candidates if manifests[v].timestamp <= t - older_than]
+            candidates = _older(log, candidates, t - older_than)
         chosen = [v for v in candidates if v not in protection]
         report = ExpireReport(
             expired=chosen,
@@ -373,6 +370,49 @@ def expire(
     raise RetriesExhaustedError(
         f"gave up expiring {log.storage.uri}: the retention record kept changing"
     )
+
+
+def unlisted(retention: Retention, last: int) -> list[int]:
+    """The versions up to ``last`` the record does not list: O(ranges + the answer)."""
+    out: list[int] = []
+    v = 0
+    for r in sorted(retention.expired, key=lambda r: r.first):
+        if r.first > last:
+            break
+        out += range(v, r.first)
+        v = max(v, r.last + 1)
+    out += range(v, last + 1)
+    return out
+
+
+def _older(log: VersionLog, candidates: list[int], cutoff: float) -> list[int]:
+    """The candidates committed at ``cutoff`` or before, reading O(log n) manifests plus those
+    of the versions that qualify, not every candidate's.
+
+    Versions are committed in order, so their times rise but for clocks that disagree: the
+    newest candidate old enough is found by bisection, and each candidate before it is read
+    and kept only if its own time qualifies. So no version younger than ``older_than``
+    expires; an older one committed after a younger one by a clock running behind may wait
+    for a later ``expire``.
+    """
+
+    def timestamp(i: int) -> float:
+        try:
+            return log.read(candidates[i]).timestamp
+        except TxstoreError as e:
+            raise CorruptError(f"cannot expire: version {candidates[i]}: {e}") from e
+
+    lo, hi = 0, len(candidates)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if timestamp(mid) <= cutoff:
+            lo = mid + 1
+        else:
+            hi = mid
+    manifests, problems = read_manifests(log, candidates[:lo])
+    if problems:
+        raise CorruptError(f"cannot expire: {problems[0].key}: {problems[0].message}")
+    return [v for v in candidates[:lo] if manifests[v].timestamp <= cutoff]
 
 
 # -- vacuum ----------------------------------------------------------------------------------

@@ -110,6 +110,11 @@ class Trees:
         out: list[Loaded | None] = []
         for ref in refs:
             got = fetched[ref.path] if ref.path in fetched else self._loaded[ref.path]
+            if not isinstance(got, TxstoreError) and ref.path not in fetched:
+                try:  # read under another reference: the counts must agree (as Segments)
+                    self.segments.matches(ref, got, version)
+                except TxstoreError as e:
+                    got = e
             if isinstance(got, TxstoreError):
                 if version in self.kept and not self.kept.is_graced(version):
                     raise CorruptError(
@@ -157,11 +162,13 @@ class Trees:
         # which a writer writes once and names wherever they occur). So what left the changed
         # subtrees may still be under a shared one: look there. For a chunk that means every
         # shared segment (rare: compaction, rollback, dropped fields); for a segment, only
-        # the shared nodes above its level (a few, and read once a run: they persist).
-        if any(not f.startswith(fmt.SEGMENTS) for f in removed):
-            removed -= self._under(shared, new.version, leaves=True)
-        elif removed and shared:
-            removed -= self._under(shared, new.version, leaves=False)
+        # the shared nodes (a few, and read once a run: they persist). If a shared subtree
+        # cannot be read, nothing is called removed: it leaks to the full vacuum.
+        if removed and shared:
+            chunks = any(not f.startswith(fmt.SEGMENTS) for f in removed)
+            before = self.skipped
+            under = self._under(shared, new.version, leaves=chunks)
+            removed = set() if self.skipped != before else removed - under
         return Change(removed, new_files - old_files, complete=self.skipped == skipped)
 
     def _under(self, refs: Sequence[SegmentRef], version: int, *, leaves: bool) -> set[str]:

@@ -95,7 +95,7 @@ class Segments:
                 if cached is not None:
                     self._cache.move_to_end(ref.path)
             if cached is not None:
-                self._matches(ref, cached, version)
+                self.matches(ref, cached, version)
                 return cached
         try:
             data: bytes | None = self._storage.read(ref.path)
@@ -151,7 +151,7 @@ class Segments:
                     found[r.path] = cached
         for r in refs:
             if r.path in found:
-                self._matches(r, found[r.path], version)
+                self.matches(r, found[r.path], version)
         unique = list({r.path: r for r in wanted}.values())
         if len(unique) == 1:
             found[unique[0].path] = self.read(unique[0], version=version)
@@ -167,7 +167,7 @@ class Segments:
         where = f"segment {self._storage.uri}/{ref.path}"
         return where if version is None else f"{where} (needed by version {version})"
 
-    def _matches(self, ref: SegmentRef, got: Loaded, version: int | None) -> None:
+    def matches(self, ref: SegmentRef, got: Loaded, version: int | None) -> None:
         """A cached file named again, by another reference: the counts must agree (O(1))."""
         if (got.level, got.num_samples, got.num_chunks) != (
             ref.level,

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 import txstore
-from txstore.errors import ConflictError, CorruptError, VersionExpiredError
+from txstore.errors import ConflictError, CorruptError, TxstoreError, VersionExpiredError
 from txstore.format import manifest as fmt
 from txstore.storage import Storage, open_storage
 from txstore.store import Store
@@ -569,3 +569,20 @@ def test_incremental_vacuum_and_expire_read_what_changed_not_the_history(
     report = Store(aged, clock=clock).expire(older_than="5h")
     assert report.expired == list(range(26, 84))
     assert len(manifests_read(aged)) <= len(report.expired) + 8  # + the bisection's
+
+
+def test_a_hole_in_the_chain_stops_it(backend: Backend) -> None:
+    """A missing manifest below the latest, or right past a stale HEAD: versions it cannot see
+    could name dead files again, so it deletes nothing (as the full vacuum)."""
+    store, before = _with_garbage(backend)
+    latest = store.version
+    store.storage.delete(f"versions/index.v{latest - 1}.json")  # below the latest
+    with pytest.raises(TxstoreError):
+        store.vacuum(grace=0, incremental=True)
+    assert data_keys(store.storage) == before
+    # Past a stale HEAD: the latest is read as the version before the hole.
+    store.storage.write("HEAD", fmt.encode(fmt.Head(version=latest - 2)))
+    fresh = Store(open_storage(backend.uri), clock=store._ctx.clock)
+    with pytest.raises(CorruptError, match="chain of versions is broken"):
+        fresh.vacuum(grace=0, incremental=True)
+    assert data_keys(store.storage) == before

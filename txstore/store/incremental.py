@@ -32,7 +32,6 @@ from .maintenance import (
     _delete,
     _refuse_if_damaged,
     collectable,
-    kept_versions,
     lapsed_leases,
     parallel,
     reach,
@@ -191,6 +190,15 @@ class Trees:
         return found
 
 
+def _latest(log: VersionLog) -> int:
+    """The latest version, refusing a one-version hole in the chain as a writer does (the
+    full vacuum lists ``versions/`` and finds any): versions past it could name dead files."""
+    try:
+        return log.latest_version(strict=True)
+    except CorruptError as e:
+        raise CorruptError(f"vacuum stopped before deleting anything: {e}") from e
+
+
 def read_state(storage: Storage) -> tuple[VacuumState | None, str | None]:
     """The state and its compare-and-swap token (None, None: no state yet)."""
     try:
@@ -236,7 +244,9 @@ def vacuum_incremental(
     cutoff = t - grace
     state, token = read_state(storage)
     # As the full vacuum: the record, then the refs, then the latest version (refs.py).
-    kept = kept_versions(log, refs, t, grace)
+    retention, _ = refs.retention()
+    protection = refs.protection(t)
+    kept = Kept.of(retention, protection, _latest(log), t, grace)
     latest = kept.latest
     if state is None:
         prev = log.read(0, fresh=True)
@@ -266,7 +276,7 @@ def vacuum_incremental(
                     prev = cur
                     counter.update()
         # Versions committed meanwhile may name dead files again: compare them too.
-        target = log.latest_version()
+        target = _latest(log)
         if target == prev.version:
             break
     else:

@@ -586,3 +586,35 @@ def test_a_hole_in_the_chain_stops_it(backend: Backend) -> None:
     with pytest.raises(CorruptError, match="chain of versions is broken"):
         fresh.vacuum(grace=0, incremental=True)
     assert data_keys(store.storage) == before
+
+
+def test_the_cli_runs_it(tmp_path: Path) -> None:
+    """``txstore vacuum URI --incremental``: the state first, then what versions dropped."""
+    uri = str(tmp_path / "store")
+    store = txstore.create(uri, chunk_bytes=1024, block_bytes=256)
+    for v in range(6):
+        store.append(samples(10 * v, 3))
+
+    def vacuum(*args: str) -> dict[str, Any]:
+        proc = subprocess.run(
+            [sys.executable, "-m", "txstore.cli", "vacuum", uri, "--grace", "0", *args],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr
+        out: dict[str, Any] = json.loads(proc.stdout)
+        return out
+
+    assert vacuum("--incremental", "--yes", "--json")["count"] == 0
+    assert read_state(store.storage)[0] is not None
+    store.compact()
+    store.expire(keep_last=1)
+    planned = vacuum("--incremental", "--dry-run", "--json")
+    assert planned["dry_run"] and planned["count"] > 0
+    done = vacuum("--incremental", "--yes", "--json")
+    assert {f["key"] for f in done["files"]} == {f["key"] for f in planned["files"]}
+    assert vacuum("--dry-run", "--json")["count"] == 0
+    assert store.verify(deep=True).ok

@@ -99,6 +99,9 @@ class FaultyStorage(Storage):
     def list(self, prefix: str) -> Iterator[FileInfo]:
         return self._call("list", prefix, lambda: iter(list(self.inner.list(prefix))))
 
+    def info(self, key: str) -> FileInfo | None:
+        return self._call("info", key, lambda: self.inner.info(key))
+
     def delete(self, key: str) -> None:
         self._call("delete", key, lambda: self.inner.delete(key))
 

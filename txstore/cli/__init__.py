@@ -196,6 +196,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="default 7d; must exceed your longest append",
     )
     p.add_argument("--dry-run", action="store_true", help="list the files and bytes that would go")
+    p.add_argument(
+        "--incremental",
+        action="store_true",
+        help="only what versions stopped naming since the last incremental vacuum (fast; "
+        "never finds abandoned files: run without it now and then)",
+    )
     p = add(
         "compact",
         _cmd_compact,

@@ -111,16 +111,18 @@ def _ranges(versions: Sequence[int]) -> str:
 def _cmd_vacuum(store: Store, args: argparse.Namespace) -> int:
     progress = _progress(args)
     if args.yes and not args.dry_run:  # no question to ask: one pass, not a plan and a run
-        report = store.vacuum(grace=args.grace, progress=progress)
+        report = store.vacuum(grace=args.grace, progress=progress, incremental=args.incremental)
     else:
-        report = store.vacuum(grace=args.grace, dry_run=True, progress=progress)
+        report = store.vacuum(
+            grace=args.grace, dry_run=True, progress=progress, incremental=args.incremental
+        )
     if report.dry_run and report.files and not args.dry_run:
         _confirm(
             args,
             f"Delete {len(report.files):,} file(s), {_bytes(report.bytes)}, from {store.uri} "
             f"(files older than {format_duration(report.grace)} that no kept version needs)?",
         )
-        report = store.vacuum(grace=args.grace, progress=progress)
+        report = store.vacuum(grace=args.grace, progress=progress, incremental=args.incremental)
     now = time.time()
     if args.json:
         _print_json(

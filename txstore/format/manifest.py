@@ -369,6 +369,17 @@ class Retention(_Document, tag="retention", kw_only=True, frozen=True):
     expired: tuple[ExpiredRange, ...] = ()
 
 
+class VacuumState(_Document, tag="vacuum-state", kw_only=True, frozen=True):
+    """1.3: ``refs/vacuum.json``, where the incremental vacuum left off: it has compared every
+    version up to ``through`` (whose commit id is ``commit_id``) with its parent. ``dead``
+    holds each data file that some version up to ``through`` names, version ``through`` does
+    not, and no vacuum has deleted yet, with the newest such version that names it."""
+
+    through: Count
+    commit_id: str
+    dead: dict[str, Count] = {}
+
+
 class _Envelope(msgspec.Struct, forbid_unknown_fields=False):
     format: Any = None
     format_version: Any = None
@@ -419,6 +430,17 @@ def _check_references(doc: _Document, where: str) -> None:
     if isinstance(doc, (Manifest, SegmentNode)):
         for seg in doc.segments:
             check_data_path(seg.path, SEGMENTS, where)
+    elif isinstance(doc, VacuumState):
+        # The incremental vacuum deletes what ``dead`` names: a key outside the data folders,
+        # or a version past ``through``, is damage or forgery.
+        for path, last in doc.dead.items():
+            if not is_data_key(path):
+                raise CorruptError(f"{where} names {path!r} as dead: not a data file")
+            if last > doc.through:
+                raise CorruptError(
+                    f"{where} says {path!r} was last named by version {last}, past "
+                    f"version {doc.through} where it left off"
+                )
     elif isinstance(doc, Segment):
         for chunk in doc.chunks:
             check_chunk_paths(chunk, where)

@@ -151,6 +151,11 @@ class Storage(ABC):
     def list(self, prefix: str) -> Iterator[FileInfo]:
         """Every object whose key starts with ``prefix`` (a folder such as "chunks/")."""
 
+    def info(self, key: str) -> FileInfo | None:
+        """The object's size and time (None when missing), never from a stale cache. This
+        default lists the key's folder; backends that can ask for one object do."""
+        return next((f for f in self.list(key) if f.key == key), None)
+
     @abstractmethod
     def delete(self, key: str) -> None:
         """Remove the object; a missing key is not an error."""

@@ -502,6 +502,15 @@ class LocalStorage(Storage):
             raise StorageError(f"cannot check {self.root}/{key}: {e}") from e
         return True
 
+    def info(self, key: str) -> FileInfo | None:
+        try:
+            st = os.stat(self._path(key))  # follows a symlink, as reads and list() do
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise StorageError(f"cannot check {self.root}/{key}: {e}") from e
+        return FileInfo(key, st.st_size, st.st_mtime)
+
     def read_range_fresh(self, key: str, start: int, end: int) -> bytes:
         fd = self._open(key)
         try:

@@ -94,6 +94,11 @@ class MemoryStorage(Storage):
         for key, (data, mtime, _) in sorted(items):
             yield FileInfo(key, len(data), mtime)
 
+    def info(self, key: str) -> FileInfo | None:
+        with self._lock:
+            entry = self._objects.get(key)
+        return None if entry is None else FileInfo(key, len(entry[0]), entry[1])
+
     def delete(self, key: str) -> None:
         with self._lock:
             self._objects.pop(key, None)

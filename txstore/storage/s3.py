@@ -138,6 +138,17 @@ class S3Storage(LoopReads, Storage):
             raise StorageError(f"cannot check {self.uri}/{key}: {e}") from e
         return True
 
+    def info(self, key: str) -> FileInfo | None:
+        try:
+            head = self._fs.call_s3("head_object", Bucket=self._bucket, Key=self._object_key(key))
+        except Exception as e:
+            if isinstance(e, FileNotFoundError) or _http_status(e) == 404:
+                return None
+            raise StorageError(f"cannot check {self.uri}/{key}: {e}") from e
+        modified = head.get("LastModified")
+        mtime = modified.timestamp() if modified is not None else 0.0
+        return FileInfo(key, int(head.get("ContentLength", 0)), mtime)
+
     def list(self, prefix: str) -> Iterator[FileInfo]:
         try:
             found = self._fs.find(self._path(prefix.rpartition("/")[0]), detail=True)

@@ -94,15 +94,12 @@ class StoreContext:
         """Commit ``chunks`` after the latest version, rebased over what ``append`` may be
         (``HistoryChangedError`` otherwise: nothing is committed, the caller decides)."""
         added = sum(c.num_samples for c in chunks)
-        new = self.segments.write_leaves(chunks)
         rebase = Rebase(self.log, start.version, "append")
         commit_id = uuid.uuid4().hex
 
         def build(parent: Manifest) -> Manifest:
             rebase.check(parent)
-            kept = parent.segments
-            for ref in new:
-                kept = self.segments.append(kept, ref)
+            kept = self.segments.extend(parent.segments, chunks)
             return self.next_manifest(
                 parent,
                 operation="append",

@@ -40,6 +40,7 @@ from .context import StoreContext
 from .fields import add_fields, drop_fields
 from .history import Commit as Commit  # re-exported: txstore.store.Commit is public
 from .history import Diff, RollbackBuild, diff
+from .incremental import vacuum_incremental
 from .lease import DEFAULT_TTL, Lease
 from .maintenance import (
     ExpireReport,
@@ -366,6 +367,7 @@ class Store:
         grace: float | str | timedelta | None = None,
         dry_run: bool = False,
         progress: ProgressArg = None,
+        incremental: bool = False,
     ) -> VacuumReport:
         """Delete files no kept version needs that are older than ``grace`` (default 7 days).
 
@@ -374,7 +376,23 @@ class Store:
         ``progress``: True shows it on stderr; a callback ``(stage, done, total)`` or a
         ``txstore.Progress`` also works (quiet by default). The ``txstore.store.maintenance``
         logger says what was deleted.
+
+        ``incremental``: only the files versions stopped naming since the last incremental
+        vacuum (its state is ``refs/vacuum.json``), at a cost proportional to what changed
+        and what expired, not to the history; the first one reads the history once. It never
+        finds files no version named (abandoned chunks, temp files, probes) nor lapsed
+        leases: a full vacuum now and then does.
         """
+        if incremental:
+            return vacuum_incremental(
+                self._ctx.log,
+                self._ctx.segments,
+                self._ctx.refs,
+                grace=parse_grace(grace),
+                now=self._ctx.clock,
+                dry_run=dry_run,
+                progress=Progress.of(progress),
+            )
         return vacuum(
             self._ctx.log,
             self._ctx.segments,

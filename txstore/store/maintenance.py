@@ -14,7 +14,8 @@ protects the files of writers still at work: no version names their chunks until
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from bisect import bisect_right
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
@@ -29,7 +30,7 @@ from ..storage.base import TEMP_PREFIX
 from ..txn import VersionLog
 from ..txn.log import version_of_key
 from .progress import QUIET, Progress
-from .refs import RETENTION_KEY, Refs, find_expired, lease_key, with_expired
+from .refs import RETENTION_KEY, Refs, lease_key, with_expired
 from .segments import Loaded, Node, Segments
 
 logger = logging.getLogger(__name__)
@@ -189,6 +190,89 @@ def reach(
     return out
 
 
+@dataclass(frozen=True)
+class Kept:
+    """Which versions a vacuum keeps, held as ranges: asking costs O(log ranges), however
+    long the history. Every version from ``latest`` on is kept (the latest never expires;
+    later ones were committed after it was read)."""
+
+    latest: int
+    #: Sorted, disjoint (first, last, expired_at) of the listed versions below the latest.
+    listed: tuple[tuple[int, int, float], ...]
+    #: Versions a tag or an unexpired lease names.
+    protected: frozenset[int]
+    #: Listed versions expired after this are kept (None: no grace, only unexpired kept).
+    since: float | None
+
+    @classmethod
+    def of(
+        cls,
+        retention: Retention,
+        protection: Iterable[int],
+        latest: int,
+        now: float,
+        grace: float | None,
+    ) -> Kept:
+        listed = tuple(
+            (r.first, min(r.last, latest - 1), r.expired_at)
+            for r in retention.expired
+            if r.first < latest
+        )
+        return cls(latest, listed, frozenset(protection), None if grace is None else now - grace)
+
+    def _listing(self, v: int) -> tuple[int, int, float] | None:
+        i = bisect_right(self.listed, (v, _MAX_VERSION, 0.0)) - 1
+        if i >= 0 and self.listed[i][0] <= v <= self.listed[i][1]:
+            return self.listed[i]
+        return None
+
+    def __contains__(self, v: object) -> bool:
+        return isinstance(v, int) and (self.is_unexpired(v) or self.is_graced(v))
+
+    def is_unexpired(self, v: int) -> bool:
+        return v >= self.latest or v in self.protected or self._listing(v) is None
+
+    def is_graced(self, v: int) -> bool:
+        """Expired, and kept only by the grace period."""
+        if self.is_unexpired(v) or self.since is None:
+            return False
+        listing = self._listing(v)
+        return listing is not None and listing[2] > self.since
+
+    def dropped(self) -> Iterator[tuple[int, int]]:
+        """(first, last) of each run of versions not kept, protected ones aside."""
+        for first, last, at in self.listed:
+            if self.since is not None and at > self.since:
+                continue
+            start = first
+            for p in sorted(v for v in self.protected if first <= v <= last):
+                if p > start:
+                    yield start, p - 1
+                start = p + 1
+            if start <= last:
+                yield start, last
+
+    def below(self, version: int) -> Iterator[int]:
+        """The kept versions below ``version``, in order."""
+        v = 0
+        for first, last in self.dropped():
+            if first >= version:
+                break
+            yield from range(v, first)
+            v = last + 1
+        yield from range(v, version)
+
+    def count(self, through: int) -> int:
+        """How many versions up to ``through`` are kept."""
+        gone = sum(
+            min(last, through) + 1 - first for first, last in self.dropped() if first <= through
+        )
+        return through + 1 - gone
+
+
+_MAX_VERSION = 2**63
+
+
 def retained_versions(
     log: VersionLog,
     refs: Refs,
@@ -205,21 +289,30 @@ def retained_versions(
     versions are kept. The latest, tagged and leased versions are kept whatever the record
     says: ``expire`` never lists the latest, so a record that does is damaged or forged.
     """
+    kept = kept_versions(log, refs, now, grace, retention=retention, latest=latest)
+    keep = list(kept.below(kept.latest + 1))
+    graced = frozenset(
+        v for first, last, _ in kept.listed for v in range(first, last + 1) if kept.is_graced(v)
+    )
+    return kept.latest, keep, graced
+
+
+def kept_versions(
+    log: VersionLog,
+    refs: Refs,
+    now: float,
+    grace: float | None,
+    *,
+    retention: Retention | None = None,
+    latest: int | None = None,
+) -> Kept:
+    """The versions a vacuum keeps, read in the order ``retained_versions`` says."""
     if retention is None:
         retention, _ = refs.retention()
     protection = refs.protection(now)
     if latest is None:
         latest = log.latest_version()
-    keep: list[int] = []
-    graced: set[int] = set()
-    for v in range(latest + 1):
-        listed = find_expired(retention, v)
-        if listed is None or v in protection or v == latest:
-            keep.append(v)
-        elif grace is not None and listed.expired_at > now - grace:
-            keep.append(v)
-            graced.add(v)
-    return latest, keep, frozenset(graced)
+    return Kept.of(retention, protection, latest, now, grace)
 
 
 # -- expire ----------------------------------------------------------------------------------
@@ -256,12 +349,9 @@ def expire(
         protection = refs.protection(t)
         latest = log.latest_version()
         last = latest - (keep_last or 1)  # the newest version that may expire
-        candidates = [v for v in range(last + 1) if find_expired(retention, v) is None]
+        candidates = unlisted(retention, last)
         if older_than is not None:
-            manifests, problems = read_manifests(log, candidates)
-            if problems:
-                raise CorruptError(f"cannot expire: {problems[0].key}: {problems[0].message}")
-            candidates = [v for v in candidates if manifests[v].timestamp <= t - older_than]
+            candidates = _older(log, candidates, t - older_than)
         chosen = [v for v in candidates if v not in protection]
         report = ExpireReport(
             expired=chosen,
@@ -280,6 +370,49 @@ def expire(
     raise RetriesExhaustedError(
         f"gave up expiring {log.storage.uri}: the retention record kept changing"
     )
+
+
+def unlisted(retention: Retention, last: int) -> list[int]:
+    """The versions up to ``last`` the record does not list: O(ranges + the answer)."""
+    out: list[int] = []
+    v = 0
+    for r in sorted(retention.expired, key=lambda r: r.first):
+        if r.first > last:
+            break
+        out += range(v, r.first)
+        v = max(v, r.last + 1)
+    out += range(v, last + 1)
+    return out
+
+
+def _older(log: VersionLog, candidates: list[int], cutoff: float) -> list[int]:
+    """The candidates committed at ``cutoff`` or before, reading O(log n) manifests plus those
+    of the versions that qualify, not every candidate's.
+
+    Versions are committed in order, so their times rise but for clocks that disagree: the
+    newest candidate old enough is found by bisection, and each candidate before it is read
+    and kept only if its own time qualifies. So no version younger than ``older_than``
+    expires; an older one committed after a younger one by a clock running behind may wait
+    for a later ``expire``.
+    """
+
+    def timestamp(i: int) -> float:
+        try:
+            return log.read(candidates[i]).timestamp
+        except TxstoreError as e:
+            raise CorruptError(f"cannot expire: version {candidates[i]}: {e}") from e
+
+    lo, hi = 0, len(candidates)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if timestamp(mid) <= cutoff:
+            lo = mid + 1
+        else:
+            hi = mid
+    manifests, problems = read_manifests(log, candidates[:lo])
+    if problems:
+        raise CorruptError(f"cannot expire: {problems[0].key}: {problems[0].message}")
+    return [v for v in candidates[:lo] if manifests[v].timestamp <= cutoff]
 
 
 # -- vacuum ----------------------------------------------------------------------------------
@@ -341,9 +474,8 @@ def vacuum(
         _refuse_if_damaged(storage, more)
         needed.segments.update(more.segments)
         needed.files.update(more.files)
-    lapsed = {lease_key(lease_id) for lease_id, lease in refs.leases() if lease.expires_at < cutoff}
     doomed = [f for f in orphans(listing, needed) if f.mtime < cutoff]
-    doomed += [f for f in listing if f.mtime < cutoff and f.key in lapsed]
+    doomed += lapsed_leases(refs, listing, cutoff)
     if dry_run:
         for f in doomed:
             logger.debug("vacuum would delete %s (%d bytes)", f.key, f.size)
@@ -363,6 +495,12 @@ def vacuum(
         kept_versions=len(keep),
         expired_versions=latest + 1 - len(keep),
     )
+
+
+def lapsed_leases(refs: Refs, listing: Iterable[FileInfo], cutoff: float) -> list[FileInfo]:
+    """The leases in ``listing`` that lapsed before ``cutoff`` and were last written before it."""
+    lapsed = {lease_key(lease_id) for lease_id, lease in refs.leases() if lease.expires_at < cutoff}
+    return [f for f in listing if f.mtime < cutoff and f.key in lapsed]
 
 
 def _delete(storage: Storage, f: FileInfo) -> None:

@@ -18,6 +18,7 @@ from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from itertools import accumulate
 
 from ..errors import ChecksumError, CorruptError, MissingDataError, NotFoundError
@@ -79,7 +80,7 @@ class Segments:
     def __init__(self, storage: Storage) -> None:
         self._storage = storage
         self._cache: OrderedDict[str, Loaded] = OrderedDict()
-        self._merged: dict[tuple[str, ...], SegmentRef] = {}
+        self._merged: dict[tuple[object, ...], SegmentRef] = {}
         self._lock = threading.Lock()
 
     # -- reading ----------------------------------------------------------------------------
@@ -94,7 +95,7 @@ class Segments:
                 if cached is not None:
                     self._cache.move_to_end(ref.path)
             if cached is not None:
-                self._matches(ref, cached, version)
+                self.matches(ref, cached, version)
                 return cached
         try:
             data: bytes | None = self._storage.read(ref.path)
@@ -150,7 +151,7 @@ class Segments:
                     found[r.path] = cached
         for r in refs:
             if r.path in found:
-                self._matches(r, found[r.path], version)
+                self.matches(r, found[r.path], version)
         unique = list({r.path: r for r in wanted}.values())
         if len(unique) == 1:
             found[unique[0].path] = self.read(unique[0], version=version)
@@ -166,7 +167,7 @@ class Segments:
         where = f"segment {self._storage.uri}/{ref.path}"
         return where if version is None else f"{where} (needed by version {version})"
 
-    def _matches(self, ref: SegmentRef, got: Loaded, version: int | None) -> None:
+    def matches(self, ref: SegmentRef, got: Loaded, version: int | None) -> None:
         """A cached file named again, by another reference: the counts must agree (O(1))."""
         if (got.level, got.num_samples, got.num_chunks) != (
             ref.level,
@@ -246,10 +247,29 @@ class Segments:
     def extend(
         self, segments: tuple[SegmentRef, ...], chunks: Sequence[ChunkRef]
     ) -> tuple[SegmentRef, ...]:
-        """The segment references after adding ``chunks`` at the end."""
-        for ref in self.write_leaves(chunks):
-            segments = self.append(segments, ref)
-        return segments
+        """The segment references after adding ``chunks`` at the end, ``MAX_SEGMENT_CHUNKS``
+        at a time. The merges of each addition are planned before anything is written, so
+        one segment file is written for it: every file a commit writes is one its manifest
+        names (the incremental vacuum finds only those)."""
+        out = list(segments)
+        for i in range(0, len(chunks), MAX_SEGMENT_CHUNKS):
+            group = tuple(chunks[i : i + MAX_SEGMENT_CHUNKS])
+            # The merges ``append`` would make, one pair at a time, counted first.
+            start, count = len(out), len(group)
+            while start >= 1:
+                a = out[start - 1]
+                if a.level or a.num_chunks > count or a.num_chunks + count > MAX_SEGMENT_CHUNKS:
+                    break
+                count += a.num_chunks
+                start -= 1
+            tail = out[start:]
+            out[start:] = [
+                self._once(
+                    ("leaf", *(r.path for r in tail), *group), partial(self._leaf, tail, group)
+                )
+            ]
+            out = self._pack_full(out)
+        return tuple(out)
 
     def append(self, segments: tuple[SegmentRef, ...], new: SegmentRef) -> tuple[SegmentRef, ...]:
         """The segment references after adding the segment ``new``: the newest segments merged,
@@ -262,6 +282,10 @@ class Segments:
             if a.num_chunks > b.num_chunks or a.num_chunks + b.num_chunks > MAX_SEGMENT_CHUNKS:
                 break
             out[-2:] = [self._merge(a, b)]
+        return tuple(self._pack_full(out))
+
+    def _pack_full(self, out: list[SegmentRef]) -> list[SegmentRef]:
+        """Full levels packed into nodes, the lowest first."""
         level = 0
         while level < fmt.MAX_SEGMENT_LEVEL and level <= max(r.level for r in out):
             start, stop = _first_run(out, level)
@@ -269,7 +293,12 @@ class Segments:
                 out[start : start + NODE_FANOUT] = [self._pack(out[start : start + NODE_FANOUT])]
             else:  # packed or not full: the level above may be full now
                 level += 1
-        return tuple(out)
+        return out
+
+    def _leaf(self, tail: Sequence[SegmentRef], chunks: tuple[ChunkRef, ...]) -> SegmentRef:
+        """One segment of the chunks of ``tail`` (segments), then ``chunks``."""
+        before = tuple(c for r in tail for c in self.leaf(r).chunks)
+        return self._write(Segment(chunks=before + chunks), 0)
 
     def _merge(self, a: SegmentRef, b: SegmentRef) -> SegmentRef:
         """One segment of two segments' chunks."""
@@ -285,7 +314,7 @@ class Segments:
             lambda: self._write(SegmentNode(segments=tuple(refs)), refs[0].level + 1),
         )
 
-    def _once(self, key: tuple[str, ...], write: Callable[[], SegmentRef]) -> SegmentRef:
+    def _once(self, key: tuple[object, ...], write: Callable[[], SegmentRef]) -> SegmentRef:
         """A rebase retries the same merges and packs: write each once."""
         with self._lock:
             done = self._merged.get(key)

@@ -589,10 +589,21 @@ KNOWN: list[tuple[str, str, str | int, tuple[Any, ...] | None, Any, dict[str, An
     (
         "fields",
         "frame-flip",
-        "chunks/338452c4b46048eaa98d2c9619e9ae0d.fields",
+        "chunks/cb14a2ffa1904d8a8b494c35af164bb5.fields",
         None,
         None,
         {"node": 1, "pos": 4, "byte": 34, "reseal": True},
+    ),
+    # Two frames of a block swapped in the footer and the chunk resealed: every frame still
+    # lies inside the file, but a reader of one sample reads a block's frames as one range
+    # (verify must refuse what it cannot read).
+    (
+        "chunk",
+        "footer-swap",
+        "chunks/3fe3a37b142f4372bd4fdf2326f5d760.chunk",
+        (4, 1, 1, 5),
+        None,
+        {"reseal": True},
     ),
     ("txn", "flip", 0, None, None, {"pos": 121, "byte": 203}),  # invalid UTF-8 in commit_id
     ("manifest", "flip", "versions/index.v4.json", None, None, {"pos": 142, "byte": 142}),

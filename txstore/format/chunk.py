@@ -264,6 +264,13 @@ def _check_block(
             return f"block {number}: {_bad_frame(f, width, low, high, need)}"
     if len({f.column for f in frames}) != len(frames):
         return "a block has two frames of one column"
+    # Stored one after another (§7.1): a reader of one sample reads them as one range.
+    for a, b in zip(frames, frames[1:]):
+        if b.offset != a.offset + a.length:
+            return (
+                f"block {number}: a frame at {b.offset} does not follow the one at "
+                f"[{a.offset}, {a.offset + a.length})"
+            )
     return ""
 
 

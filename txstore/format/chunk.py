@@ -19,7 +19,7 @@ from __future__ import annotations
 import struct
 from bisect import bisect_right
 from collections.abc import Iterator, Sequence
-from itertools import accumulate
+from itertools import accumulate, pairwise
 from typing import Annotated, Any, TypeVar
 
 import msgspec
@@ -265,7 +265,7 @@ def _check_block(
     if len({f.column for f in frames}) != len(frames):
         return "a block has two frames of one column"
     # Stored one after another (§7.1): a reader of one sample reads them as one range.
-    for a, b in zip(frames, frames[1:]):
+    for a, b in pairwise(frames):
         if b.offset != a.offset + a.length:
             return (
                 f"block {number}: a frame at {b.offset} does not follow the one at "

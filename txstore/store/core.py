@@ -383,17 +383,8 @@ class Store:
         finds files no version named (abandoned chunks, temp files, probes) nor lapsed
         leases: a full vacuum now and then does.
         """
-        if incremental:
-            return vacuum_incremental(
-                self._ctx.log,
-                self._ctx.segments,
-                self._ctx.refs,
-                grace=parse_grace(grace),
-                now=self._ctx.clock,
-                dry_run=dry_run,
-                progress=Progress.of(progress),
-            )
-        return vacuum(
+        run = vacuum_incremental if incremental else vacuum
+        return run(
             self._ctx.log,
             self._ctx.segments,
             self._ctx.refs,

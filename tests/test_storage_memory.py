@@ -38,3 +38,40 @@ def test_a_named_memory_store_is_one_dict_within_the_process() -> None:
 def test_an_anonymous_memory_store_refuses_to_be_pickled() -> None:
     with pytest.raises(TypeError, match="anonymous"):
         pickle.dumps(MemoryStorage())
+
+
+def test_listing_a_prefix_gives_exactly_the_keys_under_it() -> None:
+    """Against a plain scan of the keys written, for folders, nested folders, the root and
+    prefixes that end inside a name, as keys come and go (the store keeps an index of them)."""
+    storage = open_storage(f"memory://{uuid.uuid4().hex}")
+    keys = {
+        "HEAD",
+        "chunks/a.chunk",
+        "chunks/ab.chunk",
+        "chunks/b.chunk",
+        "refs/tags/v1",
+        "refs/leases/x",
+        "refs/retention.json",
+        "versions/index.v1.json",
+        "versions/index.v10.json",
+    }
+    prefixes = ["", "chunks/", "chunks/a", "refs/", "refs/tags/", "refs/t", "versions/index.v1",
+                "nothing/", "H", "refs/tags/v1"]  # fmt: skip
+
+    def check() -> None:
+        for prefix in prefixes:
+            want = sorted(k for k in keys if k.startswith(prefix))
+            assert [f.key for f in storage.list(prefix)] == want, prefix
+
+    for key in sorted(keys):
+        storage.write(key, key.encode())
+    check()
+    storage.write("chunks/a.chunk", b"again")  # a rewrite adds no second entry
+    check()
+    for key in ["chunks/a.chunk", "refs/tags/v1", "HEAD", "nothing/here"]:
+        storage.delete(key)
+        keys.discard(key)
+        check()
+    storage.put_if_absent("refs/tags/v2", b"t")
+    keys.add("refs/tags/v2")
+    check()

@@ -13,7 +13,52 @@ from .base import Data, FileInfo, Storage, join
 
 # Named memory stores live for the process, so "memory://name" opens what create() made.
 _Entry = tuple[bytes, float, int]  # data, mtime, generation (the CAS token)
-_named: dict[str, dict[str, _Entry]] = {}
+
+
+class _Objects:
+    """A store's objects, and the keys under each folder (every "a/", "a/b/" a key is in, and
+    "" for all): listing a folder reads its keys, not every key of the store."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, _Entry] = {}
+        self._folders: dict[str, set[str]] = {}
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._entries
+
+    def __getitem__(self, key: str) -> _Entry:
+        return self._entries[key]
+
+    def get(self, key: str) -> _Entry | None:
+        return self._entries.get(key)
+
+    def __setitem__(self, key: str, entry: _Entry) -> None:
+        if key not in self._entries:
+            for folder in _folders_of(key):
+                self._folders.setdefault(folder, set()).add(key)
+        self._entries[key] = entry
+
+    def discard(self, key: str) -> None:
+        if self._entries.pop(key, None) is not None:
+            for folder in _folders_of(key):
+                keys = self._folders[folder]
+                keys.discard(key)
+                if not keys:
+                    del self._folders[folder]
+
+    def under(self, prefix: str) -> list[str]:
+        """The keys that start with ``prefix``."""
+        folder = prefix[: prefix.rfind("/") + 1]
+        keys = self._folders.get(folder, ())
+        return list(keys) if folder == prefix else [k for k in keys if k.startswith(prefix)]
+
+
+def _folders_of(key: str) -> list[str]:
+    ends = [i + 1 for i, c in enumerate(key) if c == "/"]
+    return ["", *(key[:end] for end in ends)]
+
+
+_named: dict[str, _Objects] = {}
 _generation = itertools.count(1)
 _named_lock = threading.Lock()
 
@@ -27,11 +72,11 @@ class MemoryStorage(Storage):
         self._lock = threading.Lock()
         if name is None:
             self.uri = f"memory://anonymous-{id(self):x}"
-            self._objects: dict[str, _Entry] = {}
+            self._objects = _Objects()
         else:
             self.uri = f"memory://{name}"
             with _named_lock:
-                self._objects = _named.setdefault(name, {})
+                self._objects = _named.setdefault(name, _Objects())
 
     @property
     def endpoint(self) -> str:
@@ -90,7 +135,8 @@ class MemoryStorage(Storage):
 
     def list(self, prefix: str) -> Iterator[FileInfo]:
         with self._lock:
-            items = [(k, v) for k, v in self._objects.items() if k.startswith(prefix)]
+            objects = self._objects
+            items = [(k, objects[k]) for k in objects.under(prefix)]
         for key, (data, mtime, _) in sorted(items):
             yield FileInfo(key, len(data), mtime)
 
@@ -101,4 +147,4 @@ class MemoryStorage(Storage):
 
     def delete(self, key: str) -> None:
         with self._lock:
-            self._objects.pop(key, None)
+            self._objects.discard(key)

@@ -95,10 +95,10 @@ def test_a_manifest_stays_small_at_ten_million_chunks() -> None:
     storage = MemoryStorage(f"memory://big-{random.getrandbits(64):x}")
     segments = Segments(storage)
     chunk = ChunkRef(path="chunks/x.chunk", num_samples=1, size=100, crc32=0, footer_offset=50)
-    leaf = segments.write_leaves([chunk] * seg.MAX_SEGMENT_CHUNKS)[0]
+    full = [chunk] * seg.MAX_SEGMENT_CHUNKS  # a full leaf each time, written once
     refs: tuple[fmt.SegmentRef, ...] = ()
     for _ in range(10_000_000 // seg.MAX_SEGMENT_CHUNKS):
-        refs = segments.append(refs, leaf)
+        refs = segments.extend(refs, full)
     assert sum(r.num_chunks for r in refs) == 10_000_000 // seg.MAX_SEGMENT_CHUNKS * 512
     per_level: dict[int, int] = {}
     for r in refs:

@@ -233,13 +233,6 @@ class Segments:
         self._remember(self._loaded(ref.path, doc))
         return ref
 
-    def write_leaves(self, chunks: Sequence[ChunkRef]) -> tuple[SegmentRef, ...]:
-        """``chunks`` as new segments of at most ``MAX_SEGMENT_CHUNKS`` each, for ``append``."""
-        return tuple(
-            self._write(Segment(chunks=tuple(chunks[i : i + MAX_SEGMENT_CHUNKS])), 0)
-            for i in range(0, len(chunks), MAX_SEGMENT_CHUNKS)
-        )
-
     def write_all(self, chunks: Sequence[ChunkRef]) -> tuple[SegmentRef, ...]:
         """A manifest's segment references for exactly ``chunks`` (a tree built anew)."""
         return self.extend((), chunks)
@@ -254,7 +247,8 @@ class Segments:
         out = list(segments)
         for i in range(0, len(chunks), MAX_SEGMENT_CHUNKS):
             group = tuple(chunks[i : i + MAX_SEGMENT_CHUNKS])
-            # The merges ``append`` would make, one pair at a time, counted first.
+            # The binary counter: the newest leaves no larger than what they join, up to
+            # MAX_SEGMENT_CHUNKS in all, become one leaf with the new chunks.
             start, count = len(out), len(group)
             while start >= 1:
                 a = out[start - 1]
@@ -271,19 +265,6 @@ class Segments:
             out = self._pack_full(out)
         return tuple(out)
 
-    def append(self, segments: tuple[SegmentRef, ...], new: SegmentRef) -> tuple[SegmentRef, ...]:
-        """The segment references after adding the segment ``new``: the newest segments merged,
-        full levels packed into nodes."""
-        out = [*segments, new]
-        while len(out) >= 2:
-            a, b = out[-2], out[-1]
-            if a.level or b.level:
-                break
-            if a.num_chunks > b.num_chunks or a.num_chunks + b.num_chunks > MAX_SEGMENT_CHUNKS:
-                break
-            out[-2:] = [self._merge(a, b)]
-        return tuple(self._pack_full(out))
-
     def _pack_full(self, out: list[SegmentRef]) -> list[SegmentRef]:
         """Full levels packed into nodes, the lowest first."""
         level = 0
@@ -299,13 +280,6 @@ class Segments:
         """One segment of the chunks of ``tail`` (segments), then ``chunks``."""
         before = tuple(c for r in tail for c in self.leaf(r).chunks)
         return self._write(Segment(chunks=before + chunks), 0)
-
-    def _merge(self, a: SegmentRef, b: SegmentRef) -> SegmentRef:
-        """One segment of two segments' chunks."""
-        return self._once(
-            ("merge", a.path, b.path),
-            lambda: self._write(Segment(chunks=self.leaf(a).chunks + self.leaf(b).chunks), 0),
-        )
 
     def _pack(self, refs: Sequence[SegmentRef]) -> SegmentRef:
         """One node over ``refs`` (all of one level)."""

@@ -32,6 +32,7 @@ from .maintenance import (
     _delete,
     _refuse_if_damaged,
     collectable,
+    kept_versions,
     lapsed_leases,
     parallel,
     reach,
@@ -243,10 +244,10 @@ def vacuum_incremental(
     t = now()
     cutoff = t - grace
     state, token = read_state(storage)
-    # As the full vacuum: the record, then the refs, then the latest version (refs.py).
-    retention, _ = refs.retention()
-    protection = refs.protection(t)
-    kept = Kept.of(retention, protection, _latest(log), t, grace)
+    try:
+        kept = kept_versions(log, refs, t, grace, strict=True)
+    except CorruptError as e:  # a hole in the chain, or a damaged record
+        raise CorruptError(f"vacuum stopped before deleting anything: {e}") from e
     latest = kept.latest
     if state is None:
         prev = log.read(0, fresh=True)

@@ -305,13 +305,15 @@ def kept_versions(
     *,
     retention: Retention | None = None,
     latest: int | None = None,
+    strict: bool = False,
 ) -> Kept:
-    """The versions a vacuum keeps, read in the order ``retained_versions`` says."""
+    """The versions a vacuum keeps, read in the order ``retained_versions`` says; ``strict``
+    reads the latest as a writer does (a one-version hole is ``CorruptError``)."""
     if retention is None:
         retention, _ = refs.retention()
     protection = refs.protection(now)
     if latest is None:
-        latest = log.latest_version()
+        latest = log.latest_version(strict=strict)
     return Kept.of(retention, protection, latest, now, grace)
 
 

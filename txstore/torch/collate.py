@@ -58,11 +58,10 @@ def _column(values: list[Any]) -> Any:
             if get_worker_info() is not None and stacked.nbytes >= STACK_SHARED_MIN:
                 return stacked
             return stacked.tensor()
-    if all(type(v) is bytes for v in values):
-        return values
-    if all(type(v) is memoryview or type(v) is bytes for v in values):
-        # In a worker, the views go to the shared buffer (or become bytes) as the batch
-        # leaves; here, in the process that trains, they become bytes now.
+    if all(type(v) is bytes or type(v) is memoryview for v in values):
+        # In a worker, views go to the shared buffer (or become bytes) as the batch leaves;
+        # here, in the process that trains, they become bytes now (``bytes`` of a bytes is
+        # itself).
         return values if get_worker_info() is not None else [bytes(v) for v in values]
     return torch_collate(owned(values))
 

@@ -1,13 +1,17 @@
-"""The ``txstore`` command line through its real entry point, in subprocesses."""
+"""The ``txstore`` command line: most commands in this process through ``cli.main`` (the code
+the entry point runs, without an interpreter started for each), and through the real entry point
+in subprocesses where the process is the point: exit codes, a terminal's prompt."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import pty
 import subprocess
 import sys
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -37,11 +41,33 @@ COMMANDS = [
 ]
 
 
-def run(*args: str, stdin: Any = subprocess.DEVNULL) -> subprocess.CompletedProcess[str]:
+class Result(NamedTuple):
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run(*args: str) -> Result:
+    """``txstore ARGS`` in this process, stdin empty and not a terminal (as under a pipe)."""
+    out, err = io.StringIO(), io.StringIO()
+    stdin, sys.stdin = sys.stdin, io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = cli.main(list(args))
+            except SystemExit as e:  # argparse's usage errors
+                code = e.code if isinstance(e.code, int) else 1
+    finally:
+        sys.stdin = stdin
+    return Result(code, out.getvalue(), err.getvalue())
+
+
+def shell(*args: str) -> subprocess.CompletedProcess[str]:
+    """``txstore ARGS`` through the real entry point, in its own interpreter."""
     return subprocess.run(
         [sys.executable, "-m", "txstore.cli", *args],
         cwd=REPO,
-        stdin=stdin,
+        stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
         timeout=300,
@@ -72,7 +98,7 @@ def options(backend: Backend) -> list[str]:
 
 
 def test_help_reads_well(capsys: pytest.CaptureFixture[str]) -> None:
-    top = ok("--help")
+    top = shell("--help").stdout
     for command in COMMANDS:
         assert f"\n    {command} " in top, command
     assert "exit codes" in top and "3  damage: verify found some" in top
@@ -83,8 +109,8 @@ def test_help_reads_well(capsys: pytest.CaptureFixture[str]) -> None:
         text = capsys.readouterr().out
         assert text.startswith(f"usage: txstore {command} ")
         assert "--storage-option KEY=VALUE" in text and "exit codes" in text
-    assert run("frobnicate", "x").returncode == 2
-    assert run("log").returncode == 2  # no store given
+    assert shell("frobnicate", "x").returncode == 2
+    assert shell("log").returncode == 2  # no store given
 
 
 def test_on_s3_with_storage_options(s3_server: Any) -> None:
@@ -157,7 +183,7 @@ def test_operations_from_the_shell(tmp_path: Any) -> None:
 
 
 def test_errors_and_exit_codes(tmp_path: Any) -> None:
-    missing = run("log", str(tmp_path / "nothing"))
+    missing = shell("log", str(tmp_path / "nothing"))
     assert missing.returncode == 1 and "no txstore store" in missing.stderr
     backend = Backend("local", str(tmp_path / "store"))
     store = make(backend, appends=2)
@@ -171,7 +197,7 @@ def test_errors_and_exit_codes(tmp_path: Any) -> None:
 
     chunk = store.snapshot().chunks()[0].path
     store.storage.delete(chunk)
-    damaged = run("verify", uri)
+    damaged = shell("verify", uri)
     assert damaged.returncode == 3
     assert "DAMAGED" in damaged.stdout and chunk in damaged.stdout
     assert json.loads(run("verify", uri, "--json").stdout)["ok"] is False

@@ -4,13 +4,15 @@ chunk) through a real DataLoader with workers."""
 from __future__ import annotations
 
 import os
+from importlib.util import find_spec
 
 import numpy as np
 import pytest
 
 import txstore
 
-datasets = pytest.importorskip("datasets")
+# datasets is imported by the tests that use it, not at collection (its import takes a second)
+pytestmark = pytest.mark.skipif(find_spec("datasets") is None, reason="datasets is not installed")
 torch = pytest.importorskip("torch")
 
 N = 120
@@ -34,6 +36,8 @@ def store(tmp_path):
 
 
 def test_in_memory_dataset_has_every_sample(store):
+    import datasets
+
     snap = store.snapshot()
     ds = snap.to_hf()
     assert isinstance(ds, datasets.Dataset)
@@ -53,6 +57,8 @@ def test_in_memory_dataset_of_some_fields(store):
 
 
 def test_streaming_dataset_reads_a_pinned_version_chunk_by_chunk(store):
+    import datasets
+
     snap = store.snapshot()
     chunks = len(snap.chunk_refs())
     assert chunks > 4  # else the shards below prove nothing

@@ -13,17 +13,27 @@ import txstore
 
 from .conftest import Backend, make_backend
 
-ray = pytest.importorskip("ray")
-
-from txstore.interop.ray import TxstoreDatasink, TxstoreDatasource  # noqa: E402
-
 
 @pytest.fixture(scope="module")
-def ray_instance() -> Iterator[None]:
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    ray.data.DataContext.get_current().enable_progress_bars = False
-    yield
-    ray.shutdown()
+def ray() -> Iterator[Any]:
+    """Ray, imported and started here rather than at collection (its import takes a second)."""
+    module = pytest.importorskip("ray")
+    module.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    module.data.DataContext.get_current().enable_progress_bars = False
+    yield module
+    module.shutdown()
+
+
+def TxstoreDatasink(*args: Any, **kwargs: Any) -> Any:
+    from txstore.interop.ray import TxstoreDatasink
+
+    return TxstoreDatasink(*args, **kwargs)
+
+
+def TxstoreDatasource(*args: Any, **kwargs: Any) -> Any:
+    from txstore.interop.ray import TxstoreDatasource
+
+    return TxstoreDatasource(*args, **kwargs)
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -31,7 +41,7 @@ def target(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
     return make_backend(request.param, tmp_path, request)
 
 
-def _rows(n: int) -> Any:
+def _rows(ray: Any, n: int) -> Any:
     return ray.data.range(n, override_num_blocks=4).map(
         lambda r: {
             "id": int(r["id"]),
@@ -41,11 +51,11 @@ def _rows(n: int) -> Any:
     )
 
 
-def test_datasink_commits_one_version(ray_instance: None, target: Backend) -> None:
+def test_datasink_commits_one_version(ray: Any, target: Backend) -> None:
     store = txstore.create(target.uri, chunk_bytes=4096, **target.kwargs())
     store.append([{"id": -1}])
     sink = TxstoreDatasink(target.uri, storage_options=target.storage_options, message="embeddings")
-    _rows(2000).write_datasink(sink)
+    _rows(ray, 2000).write_datasink(sink)
     assert sink.result is not None and sink.result.version == 2
     assert sink.result.num_samples == 2000
     snap = store.snapshot()
@@ -56,7 +66,7 @@ def test_datasink_commits_one_version(ray_instance: None, target: Backend) -> No
     assert store.log()[0].message == "embeddings"
 
 
-def test_failed_job_commits_nothing(ray_instance: None, tmp_path: Path) -> None:
+def test_failed_job_commits_nothing(ray: Any, tmp_path: Path) -> None:
     uri = str(tmp_path / "s")
     txstore.create(uri)
 
@@ -71,7 +81,7 @@ def test_failed_job_commits_nothing(ray_instance: None, tmp_path: Path) -> None:
     assert txstore.open(uri).version == 0
 
 
-def test_datasource_reads_a_pinned_snapshot(ray_instance: None, target: Backend) -> None:
+def test_datasource_reads_a_pinned_snapshot(ray: Any, target: Backend) -> None:
     n = 600  # a dozen chunks: several read tasks, each opening the store on its own
     store = txstore.create(target.uri, chunk_bytes=4096, **target.kwargs())
     store.append({"id": i, "text": f"t{i}", "blob": bytes(50)} for i in range(n))
@@ -80,6 +90,8 @@ def test_datasource_reads_a_pinned_snapshot(ray_instance: None, target: Backend)
     store.append({"id": i} for i in range(n, n + 100))  # later commits do not leak in
     rows = ray.data.read_datasource(TxstoreDatasource(pinned)).take_all()
     assert sorted(int(r["id"]) for r in rows) == list(range(n))
+    if target.name != "local":
+        return  # the rest is about Ray's side of the blocks, the same whatever the backend
     only = ray.data.read_datasource(TxstoreDatasource(pinned, fields=["text"])).take(5)
     assert all(set(r) == {"text"} for r in only)
     doubled = (
@@ -90,7 +102,7 @@ def test_datasource_reads_a_pinned_snapshot(ray_instance: None, target: Backend)
     assert doubled == 2 * sum(range(n))
 
 
-def test_datasource_rows_equal_the_snapshots_samples(ray_instance: None, tmp_path: Path) -> None:
+def test_datasource_rows_equal_the_snapshots_samples(ray: Any, tmp_path: Path) -> None:
     """Every kind of value comes through Ray's block conversion as it went in."""
     store = txstore.create(str(tmp_path / "s"), chunk_bytes=2048)
     samples = [
@@ -117,7 +129,7 @@ def test_datasource_rows_equal_the_snapshots_samples(ray_instance: None, tmp_pat
         assert row["label"] == want.get("label")
 
 
-def test_arrow_blocks_both_ways(ray_instance: None, tmp_path: Path) -> None:
+def test_arrow_blocks_both_ways(ray: Any, tmp_path: Path) -> None:
     """The sink appends Ray's Arrow blocks (tensor columns included) a column at a time; the
     source gives one Arrow block per chunk, of the fields asked for."""
     pa = pytest.importorskip("pyarrow")

@@ -3,7 +3,11 @@ downloaded, how often, and in how many requests."""
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +67,65 @@ def test_a_large_chunk_downloads_as_parts_and_decodes(
     samples = list(snap.reader.samples(fetched, chunk, snap.version))
     assert [s["id"] for s in samples] == list(range(n))
     assert samples[-1]["pad"] == store.snapshot()[n - 1]["pad"]
+    cache.close()  # the files being written are in the folder
     assert (tmp_path / "cache" / chunk.path).stat().st_size == chunk.size
+
+
+def test_a_chunk_is_handed_out_before_it_is_written_and_downloaded_once(
+    s3_server: S3Server, proxy: Proxy, tmp_path: Path
+) -> None:
+    """The first sample does not wait for the chunk's file to be written to the folder; a
+    second cache on the folder (another worker) waits for that file and reads it."""
+    uri, store = _store(s3_server, 500, 200, chunk_bytes=10**6)
+    (chunk,) = store.snapshot().chunk_refs()
+    snap = txstore.open(uri, storage_options=_options(s3_server, proxy)).snapshot()
+    folder = tmp_path / "cache"
+    first = ChunkCache(snap.reader, str(folder), 10**10)
+    gate = threading.Event()
+    first._writer.submit(gate.wait)  # the writer busy: the chunk's write waits behind this
+    proxy.reset()
+    fetched = first.fetch(chunk, snap.version)
+    ids = [s["id"] for s in snap.reader.samples(fetched, chunk, snap.version)]
+    assert ids == list(range(500))
+    assert not (folder / chunk.path).exists()
+    second = ChunkCache(snap.reader, str(folder), 10**10)
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(second.fetch, chunk, snap.version)
+        time.sleep(0.3)
+        assert not waiting.done()  # on the first cache's lock, until its file is written
+        gate.set()
+        again = waiting.result(timeout=60)
+    assert [s["id"] for s in snap.reader.samples(again, chunk, snap.version)] == ids
+    assert sum(n for _, n in _chunk_gets(proxy)) == chunk.size  # one download
+    first.close()
+    second.close()
+
+
+def test_a_folder_that_cannot_take_a_chunk_leaves_it_out_and_reads_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A cache is not the data: a chunk that cannot be written there is read all the same,
+    with a warning naming it, and nothing of it is left in the folder."""
+    store = txstore.create(str(tmp_path / "store"), chunk_bytes=10**5)
+    store.append({"id": i, "pad": os.urandom(1000)} for i in range(300))
+    snap = store.snapshot()
+    folder = tmp_path / "cache"
+    folder.mkdir()
+    (folder / "chunks").write_bytes(b"a file where the folder of chunks would go")
+    cache = ChunkCache(snap.reader, str(folder), 10**10)
+    with caplog.at_level(logging.WARNING, logger="txstore"):
+        ids = []
+        for chunk in snap.chunk_refs():
+            fetched = cache.fetch(chunk, snap.version)
+            ids += [s["id"] for s in snap.reader.samples(fetched, chunk, snap.version)]
+            cache.release(chunk)
+        cache.close()
+    assert ids == list(range(300))
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    left_out = [w for w in warned if "not kept in the cache" in w]
+    assert len(left_out) == len(snap.chunk_refs()) >= 2
+    assert snap.chunk_refs()[0].path in left_out[0]
+    assert sorted(p.name for p in folder.iterdir()) == ["chunks", "locks"]
 
 
 def test_a_dataloader_downloads_each_chunk_once(

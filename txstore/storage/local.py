@@ -409,9 +409,10 @@ class LocalStorage(Storage):
         check what they read against its checksums; a 64 MiB fsync per cached chunk would
         bound how fast a remote store streams."""
         path = self._path(key)
-        parent = self._parent(path)
-        tmp = os.path.join(parent, f"{TEMP_PREFIX}{uuid.uuid4().hex}.{os.path.basename(path)}")
+        tmp = ""
         try:
+            parent = self._parent(path)
+            tmp = os.path.join(parent, f"{TEMP_PREFIX}{uuid.uuid4().hex}.{os.path.basename(path)}")
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
                 # Plain writes: no early writeback (``_write_all``), which only makes a disk
@@ -424,8 +425,9 @@ class LocalStorage(Storage):
                 os.close(fd)
             os.replace(tmp, path)
         except OSError as e:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+            if tmp:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
             raise StorageError(f"cannot write {self.root}/{key}: {e}") from e
         self._forget(key)
 

@@ -5,21 +5,28 @@ share its files: chunk files never change once written. A chunk missing from it 
 as parts over several connections at once (``PART_SIZE`` each, up to the storage's
 ``max_in_flight``): one connection's bandwidth, not the whole link's, is what bounds a single
 GET of 64 MiB. The bytes downloaded are checked once (the chunk's digest), decoded from memory
-and only then written to the folder. Processes sharing the folder (DataLoader workers) take a
-lock per file while they fetch it, so a chunk two of them need is downloaded once.
+and handed out; a thread then writes them to the folder, so that the chunk's first sample does
+not wait for a 64 MiB write. Processes sharing the folder (DataLoader workers) take a lock per
+file while they fetch it, held until the file is written, so a chunk two of them need is
+downloaded once. The folder is a cache: a file that cannot be written there is left out (and
+downloaded again when next needed), with a warning, rather than failing the read.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import zlib
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 
-from ..errors import ChecksumError, CorruptError, MissingDataError, NotFoundError
+from ..errors import ChecksumError, CorruptError, MissingDataError, NotFoundError, StorageError
 from ..format.manifest import ChunkFile, ChunkRef, chunk_files
 from ..storage.local import LocalStorage
 from .snapshot import ChunkReader, Fetched
+
+logger = logging.getLogger(__name__)
 
 #: The size of each ranged GET of a chunk being downloaded.
 PART_SIZE = 8 * 2**20
@@ -56,6 +63,8 @@ class ChunkCache:
         self._max_bytes = max_bytes
         self._copy_reads = copy_reads
         self._finished: list[str] = []
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="txstore-cache-write")
+        self._writing: dict[str, Future[None]] = {}  # by path, until its chunk is finished
 
     @property
     def folder(self) -> str:
@@ -63,10 +72,11 @@ class ChunkCache:
 
     def fetch(self, chunk: ChunkRef, version: int) -> Fetched:
         files = chunk_files(chunk)
-        with self._locked(files):
+        with contextlib.ExitStack() as held:
+            held.enter_context(self._locked(files))
             found: list[str] = []
             try:
-                return self._fetch(files, chunk, version, found)
+                fetched, downloaded = self._fetch(files, chunk, version, found)
             except (ChecksumError, CorruptError, MissingDataError):
                 if not found:
                     raise  # all downloaded just now: the store's own copy is damaged
@@ -74,13 +84,19 @@ class ChunkCache:
                 # crash can leave other bytes) or evicted meanwhile: download them all again.
                 for src in files:
                     self.local.delete(src.path)
-                return self._fetch(files, chunk, version, None)
+                fetched, downloaded = self._fetch(files, chunk, version, None)
+            if downloaded:
+                # The writer releases the lock once the files are in the folder.
+                writing = self._writer.submit(self._keep, downloaded, held.pop_all())
+                self._writing.update(dict.fromkeys(downloaded, writing))
+            return fetched
 
     def _fetch(
         self, files: list[ChunkFile], chunk: ChunkRef, version: int, found: list[str] | None
-    ) -> Fetched:
+    ) -> tuple[Fetched, dict[str, bytes]]:
         """The chunk, from the folder where its files are there (their paths added to
-        ``found``) and from the remote store where not (or for all, when ``found`` is None)."""
+        ``found``) and from the remote store where not (or for all, when ``found`` is None),
+        and the bytes downloaded for the folder, by path."""
         given: dict[str, bytes | memoryview] = {}
         downloaded: dict[str, bytes] = {}
         for src in files:
@@ -88,16 +104,23 @@ class ChunkCache:
             if data is not None and found is not None:
                 found.append(src.path)
             if data is None:
-                data = downloaded[src.path] = self.download(src, version)
+                data = self.download(src, version)
                 if src.hidden:  # read by frames, from the folder (see ChunkReader.fetch)
                     self.local.write_unsynced(src.path, data)
+                else:
+                    downloaded[src.path] = data
             given[src.path] = data
         fetched = self._reader.fetch(chunk, version, None, True, given)
-        # Checked (the digest, or each frame as it is decoded): now worth keeping.
-        for path, data in downloaded.items():
-            if not self.local.exists(path):
-                self.local.write_unsynced(path, data)
-        return fetched
+        return fetched, downloaded  # checked (the digest, or each frame): worth keeping
+
+    def _keep(self, downloaded: dict[str, bytes], lock: contextlib.ExitStack) -> None:
+        with lock:
+            for path, data in downloaded.items():
+                try:
+                    if not self.local.exists(path):
+                        self.local.write_unsynced(path, data)
+                except StorageError as e:
+                    logger.warning("chunk not kept in the cache, read again when needed: %s", e)
 
     def _cached(self, src: ChunkFile) -> bytes | memoryview | None:
         try:
@@ -105,6 +128,9 @@ class ChunkCache:
                 return self.local.read(src.path)
             return self.local.read_buffer(src.path)
         except NotFoundError:
+            return None
+        except StorageError as e:
+            logger.warning("chunk not read from the cache, downloaded: %s", e)
             return None
 
     def download(self, src: ChunkFile, version: int) -> bytes:
@@ -129,12 +155,21 @@ class ChunkCache:
     def release(self, chunk: ChunkRef) -> None:
         """``chunk`` is finished with: evict finished files while the folder is too full."""
         self._finished += [src.path for src in chunk_files(chunk)]
-        used = sum(f.size for f in self.local.list("chunks/"))
-        while used > self._max_bytes and self._finished:
-            victim = self._finished.pop(0)
-            with contextlib.suppress(FileNotFoundError):
-                used -= os.path.getsize(os.path.join(self.local.root, *victim.split("/")))
-            self.local.delete(victim)
+        for path in self._finished:  # counted and evicted once on disk, not before
+            writing = self._writing.pop(path, None)
+            if writing is not None:
+                writing.result()
+        try:
+            used = sum(f.size for f in self.local.list("chunks/"))
+            while used > self._max_bytes and self._finished:
+                victim = self._finished.pop(0)
+                with contextlib.suppress(FileNotFoundError):
+                    used -= os.path.getsize(os.path.join(self.local.root, *victim.split("/")))
+                self.local.delete(victim)
+        except StorageError as e:
+            logger.warning("cache folder not trimmed: %s", e)
 
     def close(self) -> None:
+        """Wait for the files being written, then close the folder."""
+        self._writer.shutdown(wait=True)
         self.local.close()

@@ -1050,9 +1050,12 @@ def writers_section(report: Report) -> str:
 
 
 def _remote(report: Report) -> dict[tuple[str, float, str, str, str], Row]:
+    """The medians by (where, latency, workload, task, system); a run that read other samples
+    than it should have (its check failed) is no figure."""
     return {
         (r["kind"], r["latency_ms"], r["workload"], r["task"], r["system"]): r["median"]
         for r in report["results"]
+        if r["median"].get("check", "ok") == "ok"
     }
 
 
@@ -1343,6 +1346,28 @@ def merged_read(reports: Sequence[Report]) -> tuple[Report, list[Report]]:
     return merged, runs
 
 
+def merged_remote(reports: Sequence[Report]) -> tuple[Report, list[Report]]:
+    """One remote report: the newest run's results replace those of the same measurement
+    (where, latency, workload, task, system) in the runs before it, and its target rows
+    those of the same where, workload and figure (a run's ratios are to the peers in that
+    run). The settings are the run with the most results, whose latency is the base one.
+    Also the runs, oldest first."""
+    ordered = sorted(reports, key=lambda r: r["machine"].get("started", ""))
+    base = max(ordered, key=lambda r: len(r["results"]))
+    merged = dict(base)
+    results: dict[tuple[Any, ...], Row] = {}
+    targets: dict[tuple[Any, ...], Row] = {}
+    for report in ordered:
+        for row in report["results"]:
+            key = (row["kind"], row["latency_ms"], row["workload"], row["task"], row["system"])
+            results[key] = row
+        for row in report.get("targets", []):
+            targets[(row["kind"], row["latency_ms"], row["workload"], row["what"])] = row
+    merged["results"] = list(results.values())
+    merged["targets"] = list(targets.values())
+    return merged, list(ordered)
+
+
 def merged_reconcile(reports: Sequence[Report]) -> tuple[Report, list[Report]]:
     """One reconcile_w2 report: the newest run's rows replace those of the same measurement
     in the runs before it (a run of some layouts or tasks, each with its peers in it), each
@@ -1368,6 +1393,10 @@ def generate(reports: Sequence[Report], plots: Plots, inputs: Sequence[Path]) ->
     if len(reads) > 1:
         by_kind["read"], runs = merged_read(reads)
         used = [r for r in used if kind(r) != "read"] + runs
+    remotes = [r for r in reports if kind(r) == "remote"]
+    if len(remotes) > 1:
+        by_kind["remote"], runs = merged_remote(remotes)
+        used = [r for r in used if kind(r) != "remote"] + runs
     reconciles = [r for r in reports if kind(r) == "reconcile_w2"]
     if len(reconciles) > 1:
         by_kind["reconcile_w2"], runs = merged_reconcile(reconciles)

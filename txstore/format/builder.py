@@ -256,6 +256,7 @@ class ChunkBuilder:
         self._block_limit = block_bytes
         self._check_at = min(block_bytes, _CHECK_BLOCK_AT)  # seal, or check the block
         self._compressor = compressor
+        self._compressing = compressor.enabled
         encoder = ValueEncoder()
         self._encode = encoder.encode
         self._encode_plain = encoder.encode_plain
@@ -694,12 +695,6 @@ class ChunkBuilder:
         """Close the open block now (field files copy their chunk's block boundaries)."""
         self._seal_block()
 
-    def _should_compress(self, name: str) -> bool:
-        if not self._compressor.enabled:
-            return False
-        streak = self._raw_streak.get(name, 0)
-        return streak < _RAW_STREAK or streak % _PROBE_EVERY == 0
-
     def _seal_block(self) -> None:
         rows = self._rows
         if not rows:
@@ -777,15 +772,17 @@ class ChunkBuilder:
         """Seal one frame from its raw bytes in pieces: compressed when that pays."""
         column = self._columns.setdefault(name, len(self._columns))
         codec = CODEC_RAW
-        if self._should_compress(name):
+        streaks = self._raw_streak
+        streak = streaks.get(name, 0)
+        if self._compressing and (streak < _RAW_STREAK or streak % _PROBE_EVERY == 0):
             codec, packed = self._compressor.compress(b"".join(stored))
             if codec == CODEC_RAW:
-                self._raw_streak[name] = self._raw_streak.get(name, 0) + 1
+                streaks[name] = streak + 1
             else:
-                self._raw_streak[name] = 0
+                streaks[name] = 0
                 stored = (packed,)
-        elif name in self._raw_streak:
-            self._raw_streak[name] += 1
+        elif name in streaks:
+            streaks[name] = streak + 1
         length = raw_length if codec == CODEC_RAW else len(stored[0])
         flags = FLAG_SPARSE if sparse else 0
         self._sealed.frames.append((column, self._size, length, raw_length, codec, flags))

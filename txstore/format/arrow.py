@@ -266,6 +266,12 @@ _INT_TAGS = {
     0xD3: ">i8",
 }
 _STR_TAGS = {0xD9: 1, 0xDA: 2, 0xDB: 4}
+#: The MessagePack tags of ints and floats with a payload, and the payload's numpy type.
+_NUMBER_TAGS = {
+    **{tag: np.dtype(kind) for tag, kind in _INT_TAGS.items()},
+    0xCA: np.dtype(">f4"),
+    0xCB: np.dtype(">f8"),
+}
 _BIN_TAGS = {0xC4: 1, 0xC5: 2, 0xC6: 4}
 
 
@@ -494,32 +500,43 @@ def _uniform_array(frames: list[tuple[int, memoryview | None, bool]], decoder: A
         span = table - head
         if size < 0:
             size = span // n
-            if span <= 0 or raw[head] not in _SIZED_TAGS:
+            if span <= 0 or (raw[head] not in _SIZED_TAGS and raw[head] not in _NUMBER_TAGS):
                 return None
         if size <= 0 or span != size * n:
             return None
-        blocks.append(np.frombuffer(raw, dtype=np.uint8, count=span, offset=head).reshape(n, size))
+        blocks.append((raw, head, n))
     if not blocks:
         return None
-    first = blocks[0][0]
+    raw0, head0, _ = blocks[0]
+    first = np.frombuffer(raw0, dtype=np.uint8, count=size, offset=head0)
     try:
         one = decoder.decode(first)
     except (*msgspec_errors, TxstoreError):  # values of other sizes: the general path says
         return None
     kind = type(one)
+    number = _NUMBER_TAGS.get(int(first[0])) if kind is int or kind is float else None
     if kind is bytes or kind is str:
         payload = len(one) if kind is bytes else len(one.encode())
     elif kind is np.ndarray and one.dtype.kind in "biuf":
         payload = one.nbytes
+    elif number is not None:  # ints or floats all of one width: a tag, then big-endian bytes
+        payload = number.itemsize
     else:
         return None
     skip = size - payload
     if skip <= 0 or payload == 0:
         return None
-    if not (np.concatenate([rows[:, :skip] for rows in blocks]) == first[:skip]).all():
+    out = _payloads(blocks, size, skip, first[:skip].tobytes())
+    if out is None:
         return None
-    out = np.concatenate([rows[:, skip:] for rows in blocks])
     total = len(out)
+    if number is not None:
+        got = out.reshape(-1).view(number)
+        if number.kind == "f":
+            return pa.array(got.astype(np.float64))
+        if number == np.dtype(">u8") and int(got.max()) > 2**63 - 1:
+            return None  # beyond int64: the general path says
+        return pa.array(got.astype(np.int64))
     if kind is np.ndarray:
         values = out.reshape(-1).view(one.dtype)
         if one.dtype.byteorder == ">":
@@ -533,6 +550,54 @@ def _uniform_array(frames: list[tuple[int, memoryview | None, bool]], decoder: A
         arrow_type = pa.large_string() if large else pa.string()
     buffers = [None, pa.py_buffer(offsets_out), pa.py_buffer(out)]
     return pa.Array.from_buffers(arrow_type, total, buffers, null_count=0)
+
+
+def _payloads(
+    blocks: list[tuple[memoryview, int, int]], size: int, skip: int, header: bytes
+) -> np.ndarray[Any, Any] | None:
+    """The values of ``blocks`` (a frame's raw bytes, where its ``n`` values of ``size`` bytes
+    start, n) without their first ``skip`` bytes, as rows of one new array; None unless every
+    value starts with ``header``. Frames that lie at one distance from each other in one
+    buffer (the blocks of one size of a chunk read whole) are copied together, as one strided
+    view: a copy per block costs more than its bytes."""
+    total = sum(n for _, _, n in blocks)
+    out = np.empty((total, size - skip), dtype=np.uint8)
+    heads = np.empty((total, skip), dtype=np.uint8)
+    views = [
+        np.frombuffer(raw, dtype=np.uint8, count=n * size, offset=head) for raw, head, n in blocks
+    ]
+    at, k = 0, 0
+    while k < len(blocks):
+        raw, _, n = blocks[k]
+        run = 1
+        first = views[k]
+        address = first.__array_interface__["data"][0]
+        stride = 0
+        while k + run < len(blocks):
+            other, _, m = blocks[k + run]
+            if m != n or other.obj is not raw.obj:
+                break
+            gap = views[k + run].__array_interface__["data"][0] - address
+            if run == 1:
+                stride = gap
+                if stride < n * size:
+                    break
+            elif gap != stride * run:
+                break
+            run += 1
+        if run > 1:
+            rows = np.lib.stride_tricks.as_strided(
+                first, shape=(run, n, size), strides=(stride, size, 1), writeable=False
+            )
+        else:
+            rows = first.reshape(1, n, size)
+        out[at : at + run * n].reshape(run, n, size - skip)[...] = rows[:, :, skip:]
+        heads[at : at + run * n].reshape(run, n, skip)[...] = rows[:, :, :skip]
+        at += run * n
+        k += run
+    if not (heads == np.frombuffer(header, dtype=np.uint8)).all():
+        return None
+    return out
 
 
 def _locate_values(

@@ -446,9 +446,9 @@ def test_columns_of_few_sizes_read_back_as_written(
 def test_values_of_one_size_read_back_across_frames_at_uneven_distances(
     tmp_path: Path, compression: str | None
 ) -> None:
-    # Frames of values of one size that lie at one distance from each other are copied out
-    # together: a neighbour column whose frames change size, blocks of other sizes,
-    # compressed frames among raw ones and field selection must not shift a value.
+    # Values of one size are copied out of their frames with numpy: a neighbour column whose
+    # frames change size, blocks of other sizes, compressed frames among raw ones and field
+    # selection must not shift a value.
     rng = np.random.default_rng(11)
     n = 3000
     tokens = [bytes([i % 7]) * 100 if (i // 200) % 2 else rng.bytes(100) for i in range(n)]

@@ -482,7 +482,8 @@ _SIZED_TAGS = frozenset(
 
 def _uniform_array(frames: list[tuple[int, memoryview | None, bool]], decoder: Any) -> Any:
     """A column whose values all have one encoded size and the same leading bytes (bytes or
-    strs of one length, numpy arrays of one dtype and shape: images, latents, token windows),
+    strs of one length, numpy arrays of one dtype and shape: images, latents, token windows;
+    ints or floats of one MessagePack width, as a columnar append writes them),
     with each value's bytes copied once, block by block, from the frames into the Arrow
     buffer; None for any other column. A header gives the type and length of its value, so
     rows of one size that each start with the first value's header are each such a value,
@@ -504,11 +505,10 @@ def _uniform_array(frames: list[tuple[int, memoryview | None, bool]], decoder: A
                 return None
         if size <= 0 or span != size * n:
             return None
-        blocks.append((raw, head, n))
+        blocks.append(np.frombuffer(raw, dtype=np.uint8, count=span, offset=head).reshape(n, size))
     if not blocks:
         return None
-    raw0, head0, _ = blocks[0]
-    first = np.frombuffer(raw0, dtype=np.uint8, count=size, offset=head0)
+    first = blocks[0][0]
     try:
         one = decoder.decode(first)
     except (*msgspec_errors, TxstoreError):  # values of other sizes: the general path says
@@ -526,9 +526,9 @@ def _uniform_array(frames: list[tuple[int, memoryview | None, bool]], decoder: A
     skip = size - payload
     if skip <= 0 or payload == 0:
         return None
-    out = _payloads(blocks, size, skip, first[:skip].tobytes())
-    if out is None:
+    if not (np.concatenate([rows[:, :skip] for rows in blocks]) == first[:skip]).all():
         return None
+    out = np.concatenate([rows[:, skip:] for rows in blocks])
     total = len(out)
     if number is not None:
         got = out.reshape(-1).view(number)
@@ -550,54 +550,6 @@ def _uniform_array(frames: list[tuple[int, memoryview | None, bool]], decoder: A
         arrow_type = pa.large_string() if large else pa.string()
     buffers = [None, pa.py_buffer(offsets_out), pa.py_buffer(out)]
     return pa.Array.from_buffers(arrow_type, total, buffers, null_count=0)
-
-
-def _payloads(
-    blocks: list[tuple[memoryview, int, int]], size: int, skip: int, header: bytes
-) -> np.ndarray[Any, Any] | None:
-    """The values of ``blocks`` (a frame's raw bytes, where its ``n`` values of ``size`` bytes
-    start, n) without their first ``skip`` bytes, as rows of one new array; None unless every
-    value starts with ``header``. Frames that lie at one distance from each other in one
-    buffer (the blocks of one size of a chunk read whole) are copied together, as one strided
-    view: a copy per block costs more than its bytes."""
-    total = sum(n for _, _, n in blocks)
-    out = np.empty((total, size - skip), dtype=np.uint8)
-    heads = np.empty((total, skip), dtype=np.uint8)
-    views = [
-        np.frombuffer(raw, dtype=np.uint8, count=n * size, offset=head) for raw, head, n in blocks
-    ]
-    at, k = 0, 0
-    while k < len(blocks):
-        raw, _, n = blocks[k]
-        run = 1
-        first = views[k]
-        address = first.__array_interface__["data"][0]
-        stride = 0
-        while k + run < len(blocks):
-            other, _, m = blocks[k + run]
-            if m != n or other.obj is not raw.obj:
-                break
-            gap = views[k + run].__array_interface__["data"][0] - address
-            if run == 1:
-                stride = gap
-                if stride < n * size:
-                    break
-            elif gap != stride * run:
-                break
-            run += 1
-        if run > 1:
-            rows = np.lib.stride_tricks.as_strided(
-                first, shape=(run, n, size), strides=(stride, size, 1), writeable=False
-            )
-        else:
-            rows = first.reshape(1, n, size)
-        out[at : at + run * n].reshape(run, n, size - skip)[...] = rows[:, :, skip:]
-        heads[at : at + run * n].reshape(run, n, skip)[...] = rows[:, :, :skip]
-        at += run * n
-        k += run
-    if not (heads == np.frombuffer(header, dtype=np.uint8)).all():
-        return None
-    return out
 
 
 def _locate_values(

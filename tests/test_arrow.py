@@ -440,3 +440,53 @@ def test_columns_of_few_sizes_read_back_as_written(
         assert [list(g) for g in got] == [v.tolist() for v in values]
     else:
         assert got == values
+
+
+@pytest.mark.parametrize("compression", [None, "zstd"])
+def test_values_of_one_size_read_back_across_frames_at_uneven_distances(
+    tmp_path: Path, compression: str | None
+) -> None:
+    # Values of one size are copied out of their frames with numpy: a neighbour column whose
+    # frames change size, blocks of other sizes, compressed frames among raw ones and field
+    # selection must not shift a value.
+    rng = np.random.default_rng(11)
+    n = 3000
+    tokens = [bytes([i % 7]) * 100 if (i // 200) % 2 else rng.bytes(100) for i in range(n)]
+    other = [b"v" * (int(rng.integers(0, 9)) if i < n // 2 else 3) for i in range(n)]
+    table = pa.table({"tok": pa.array(tokens, pa.binary()), "var": pa.array(other)})
+    store = txstore.create(
+        str(tmp_path / "s"), chunk_bytes=200_000, block_bytes=5000, compression=compression
+    )
+    store.append(iter(table.to_batches(max_chunksize=333)))
+    snap = store.snapshot()
+    assert snap.to_arrow().column("tok").to_pylist() == tokens
+    assert snap.to_arrow(["tok"]).column("tok").to_pylist() == tokens
+    assert snap.to_arrow().column("var").to_pylist() == other
+
+
+def test_ints_and_floats_of_one_width_read_back_as_int64_and_float64(tmp_path: Path) -> None:
+    # A column of ints (or floats) that all take one MessagePack width is read with one copy
+    # of their bytes: each width, signed and not, gives the values as int64 (float64), and
+    # uint64 past int64 is left to pyarrow as before.
+    n = 500
+    columns = {
+        "i8": np.arange(n, dtype=np.int64) % 200 - 100,
+        "i16": np.arange(n, dtype=np.int64) * 60 - 15_000,
+        "i32": np.arange(n, dtype=np.int64) * -4_000_000,
+        "i64": np.arange(n, dtype=np.int64) * -(2**50),
+        "u8": np.arange(n, dtype=np.uint64) % 100 + 128,
+        "u32": np.arange(n, dtype=np.uint64) + 2**31,
+        "u64": np.arange(n, dtype=np.uint64) + 2**63,
+        "f32": (np.arange(n, dtype=np.float32) / 3).astype(np.float32),
+        "f64": np.arange(n, dtype=np.float64) / 7 - 1e300,
+    }
+    store = _store(tmp_path)
+    store.append(columns)
+    table = store.snapshot().to_arrow()
+    for name, values in columns.items():
+        got = table.column(name)
+        if name == "u64":
+            assert got.type == pa.uint64()
+        else:
+            assert got.type == (pa.float64() if name[0] == "f" else pa.int64()), name
+        assert got.to_pylist() == [v.item() for v in values], name

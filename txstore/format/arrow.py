@@ -266,6 +266,12 @@ _INT_TAGS = {
     0xD3: ">i8",
 }
 _STR_TAGS = {0xD9: 1, 0xDA: 2, 0xDB: 4}
+#: The MessagePack tags of ints and floats with a payload, and the payload's numpy type.
+_NUMBER_TAGS = {
+    **{tag: np.dtype(kind) for tag, kind in _INT_TAGS.items()},
+    0xCA: np.dtype(">f4"),
+    0xCB: np.dtype(">f8"),
+}
 _BIN_TAGS = {0xC4: 1, 0xC5: 2, 0xC6: 4}
 
 
@@ -476,7 +482,8 @@ _SIZED_TAGS = frozenset(
 
 def _uniform_array(frames: list[tuple[int, memoryview | None, bool]], decoder: Any) -> Any:
     """A column whose values all have one encoded size and the same leading bytes (bytes or
-    strs of one length, numpy arrays of one dtype and shape: images, latents, token windows),
+    strs of one length, numpy arrays of one dtype and shape: images, latents, token windows;
+    ints or floats of one MessagePack width, as a columnar append writes them),
     with each value's bytes copied once, block by block, from the frames into the Arrow
     buffer; None for any other column. A header gives the type and length of its value, so
     rows of one size that each start with the first value's header are each such a value,
@@ -494,7 +501,7 @@ def _uniform_array(frames: list[tuple[int, memoryview | None, bool]], decoder: A
         span = table - head
         if size < 0:
             size = span // n
-            if span <= 0 or raw[head] not in _SIZED_TAGS:
+            if span <= 0 or (raw[head] not in _SIZED_TAGS and raw[head] not in _NUMBER_TAGS):
                 return None
         if size <= 0 or span != size * n:
             return None
@@ -507,10 +514,13 @@ def _uniform_array(frames: list[tuple[int, memoryview | None, bool]], decoder: A
     except (*msgspec_errors, TxstoreError):  # values of other sizes: the general path says
         return None
     kind = type(one)
+    number = _NUMBER_TAGS.get(int(first[0])) if kind is int or kind is float else None
     if kind is bytes or kind is str:
         payload = len(one) if kind is bytes else len(one.encode())
     elif kind is np.ndarray and one.dtype.kind in "biuf":
         payload = one.nbytes
+    elif number is not None:  # ints or floats all of one width: a tag, then big-endian bytes
+        payload = number.itemsize
     else:
         return None
     skip = size - payload
@@ -520,6 +530,13 @@ def _uniform_array(frames: list[tuple[int, memoryview | None, bool]], decoder: A
         return None
     out = np.concatenate([rows[:, skip:] for rows in blocks])
     total = len(out)
+    if number is not None:
+        got = out.reshape(-1).view(number)
+        if number.kind == "f":
+            return pa.array(got.astype(np.float64))
+        if number == np.dtype(">u8") and int(got.max()) > 2**63 - 1:
+            return None  # beyond int64: the general path says
+        return pa.array(got.astype(np.int64))
     if kind is np.ndarray:
         values = out.reshape(-1).view(one.dtype)
         if one.dtype.byteorder == ">":

@@ -29,7 +29,7 @@ from ..errors import EncodeError
 from .chunk import FLAG_SPARSE, HEADER, MAX_BLOCK_SAMPLES
 from .chunkfile import BuiltChunk, ChunkStream, SealedFrames
 from .codec import CODEC_RAW, FrameCompressor
-from .columnar import ColumnBatch
+from .columnar import ColumnBatch, Encoded, Prefixed
 from .values import (
     ABSENT,
     ABSENT_BYTES,
@@ -57,6 +57,8 @@ def _bin_header(n: int) -> bytes:
     return b"\xc6" + n.to_bytes(4, "big")
 
 
+#: The array header of each block size (a block holds at most ``MAX_BLOCK_SAMPLES``).
+_ARRAY_HEADERS = tuple(_array_header(n) for n in range(MAX_BLOCK_SAMPLES + 1))
 _SMALL_BIN_HEADERS = tuple(_bin_header(n) for n in range(1 << 16))  # 0.7 MB: no call per value
 
 
@@ -254,6 +256,7 @@ class ChunkBuilder:
         self._block_limit = block_bytes
         self._check_at = min(block_bytes, _CHECK_BLOCK_AT)  # seal, or check the block
         self._compressor = compressor
+        self._compressing = compressor.enabled
         encoder = ValueEncoder()
         self._encode = encoder.encode
         self._encode_plain = encoder.encode_plain
@@ -422,34 +425,50 @@ class ChunkBuilder:
         encoded size reaches ``block_bytes``, or at 4096 samples. ``one_block``: all the
         rows (at most 4096) in one block, for a field file copying its chunk's blocks."""
         self._seal_block()
-        ends = batch.row_ends()
+        ends = batch.row_ends
         n, i = batch.num_rows, start
-        cap = min(self._block_limit, _CHECK_BLOCK_AT)  # a frame's offsets are u32
-        while i < n:
-            if one_block:
-                j = n
-                if int(ends[j] - ends[i]) > _CHECK_BLOCK_AT and j - i > 1:
+        if one_block:
+            if n > start:
+                if int(ends[n] - ends[start]) > _CHECK_BLOCK_AT and n - start > 1:
                     raise EncodeError(
                         f"samples {position}..{position + n - 1}: the values of one block "
                         "would pass 4 GiB (a frame's offsets are 32-bit)"
                     )
-            else:
-                room = min(cap, max(1, limit - self._size))
-                j = int(np.searchsorted(ends, ends[i] + room, side="left"))
-                j = max(i + 1, min(j, n, i + MAX_BLOCK_SAMPLES))
-            for name, column in zip(batch.names, batch.columns, strict=True):
-                offsets = column.offsets
-                head = _array_header(j - i)
-                body = column.data[offsets[i] : offsets[j]]
-                table = (offsets[i:j] - offsets[i] + len(head)).astype("<u4").tobytes()
-                raw_length = len(head) + len(body) + len(table)
-                self._store_frame(name, (head, body.data, table), raw_length, False)
-            self._sealed.blocks.append((j - i, len(batch.names)))
-            self._num_samples += j - i
-            i = j
+                self._add_blocks(batch, [start, n])
+            return n - start
+        while i < n:
+            bounds = self._plan(batch, i, limit)
+            self._add_blocks(batch, bounds)
+            i = bounds[-1]
             if self._size >= limit:
                 break
         return i - start
+
+    def _plan(self, batch: ColumnBatch, start: int, limit: int) -> list[int]:
+        """The bounds of the next blocks of a batch of columns, from row ``start``: each block
+        ends at the first row that brings it to ``block_bytes``, or to ``limit`` counting the
+        chunk's size before it. The blocks after the first are planned with the raw sizes of
+        the frames before them, before those are stored (compressed, a frame is smaller):
+        planning stops at a block whose end that size could change, one the chunk's
+        ``limit`` would cut short, which the next plan starts with, from the size stored."""
+        ends = batch.row_end_list
+        n = batch.num_rows
+        cap = min(self._block_limit, _CHECK_BLOCK_AT)  # a frame's offsets are u32
+        width = len(batch.names)
+        size, i = self._size, start
+        bounds = [i]
+        while i < n:
+            room = min(cap, max(1, limit - size))
+            if room < cap and i != start:
+                break
+            j = bisect_left(ends, ends[i] + room, i, min(n, i + MAX_BLOCK_SAMPLES))
+            j = max(i + 1, j)
+            size += ends[j] - ends[i] + width * (len(_ARRAY_HEADERS[j - i]) + 4 * (j - i))
+            bounds.append(j)
+            i = j
+            if room < cap or size >= limit:
+                break
+        return bounds
 
     def add_column_blocks(self, batch: ColumnBatch, ends: Sequence[int], position: int) -> None:
         """Add every row of a batch of columns in blocks that end at ``ends`` (the block
@@ -461,7 +480,7 @@ class ChunkBuilder:
         spans = np.asarray([0, *ends], dtype=np.int64)
         if np.any(np.diff(spans) < 1) or np.any(np.diff(spans) > MAX_BLOCK_SAMPLES):
             raise ValueError(f"blocks hold 1 to {MAX_BLOCK_SAMPLES} rows each")
-        row_ends = batch.row_ends()
+        row_ends = batch.row_ends
         too_big = np.diff(row_ends[spans]) > _CHECK_BLOCK_AT
         if np.any(too_big & (np.diff(spans) > 1)):
             k = int(np.argmax(too_big))
@@ -469,29 +488,92 @@ class ChunkBuilder:
                 f"samples {position + int(spans[k])}..{position + int(spans[k + 1]) - 1}: the "
                 "values of one block would pass 4 GiB (a frame's offsets are 32-bit)"
             )
-        bounds = spans.tolist()
-        sizes = np.diff(spans)
-        heads = [_array_header(j - i) for i, j in pairwise(bounds)]
-        head_lengths = np.fromiter(map(len, heads), dtype=np.int64, count=len(heads))
-        columns = []
-        for name, column in zip(batch.names, batch.columns, strict=True):
+        for name in batch.names:
             self._columns.setdefault(name, len(self._columns))
-            offsets = column.offsets
-            # Every block's offset table at once: a value's offset from its block's first
-            # value, past the block's array header.
-            starts = np.repeat(offsets[spans[:-1]] - head_lengths, sizes)
-            tables = memoryview((offsets[:-1] - starts).astype("<u4").tobytes())
-            columns.append((name, offsets[spans].tolist(), column.data.data, tables))
+        self._add_blocks(batch, spans.tolist())
+
+    def _add_blocks(self, batch: ColumnBatch, bounds: list[int]) -> None:
+        """Seal the blocks of rows ``bounds[k]:bounds[k + 1]`` of a batch of columns."""
         width = len(batch.names)
+        frames = [self._column_frames(column, bounds) for column in batch.columns]
+        store, blocks = self._store_frame, self._sealed.blocks
+        for number, (i, j) in enumerate(pairwise(bounds)):
+            for name, column in zip(batch.names, frames, strict=True):
+                parts, raw_length = column[number]
+                store(name, parts, raw_length, False)
+            blocks.append((j - i, width))
+            self._num_samples += j - i
+
+    def _column_frames(
+        self, column: Encoded, bounds: list[int]
+    ) -> list[tuple[tuple[bytes | memoryview, ...], int]]:
+        """The raw frame of each block of rows ``bounds[k]:bounds[k + 1]`` of one column: its
+        parts and its length."""
+        if isinstance(column, Prefixed) and column.uniform is not None:
+            head, length = column.uniform
+            rows = column.payload[int(column.starts[0]) :]
+            return self._even_frames(rows, length, head, bounds)
+        width = column.even_size
+        if width is not None:
+            rows = column.data[int(column.offsets[0]) :]
+            return self._even_frames(rows, width, b"", bounds)
+        offsets, data = column.offsets, column.data.data
+        spans = np.asarray(bounds, dtype=np.int64)
+        sizes = np.diff(spans)
+        heads = [_ARRAY_HEADERS[j - i] for i, j in pairwise(bounds)]
+        head_lengths = np.fromiter(map(len, heads), dtype=np.int64, count=len(heads))
+        # Every block's offset table at once: a value's offset from its block's first
+        # value, past the block's array header.
+        starts = np.repeat(offsets[spans[:-1]] - head_lengths, sizes)
+        first, last = bounds[0], bounds[-1]
+        tables = memoryview((offsets[first:last] - starts).astype("<u4").tobytes())
+        at = offsets[spans].tolist()
+        frames: list[tuple[tuple[bytes | memoryview, ...], int]] = []
         for number, (i, j) in enumerate(pairwise(bounds)):
             head = heads[number]
-            for name, ends, data, tables in columns:
-                body = data[ends[number] : ends[number + 1]]
-                table = tables[4 * i : 4 * j]
-                raw_length = len(head) + len(body) + len(table)
-                self._store_frame(name, (head, body, table), raw_length, False)
-            self._sealed.blocks.append((j - i, width))
-            self._num_samples += j - i
+            body = data[at[number] : at[number + 1]]
+            table = tables[4 * (i - first) : 4 * (j - first)]
+            frames.append(((head, body, table), len(head) + len(body) + len(table)))
+        return frames
+
+    def _even_frames(
+        self, rows: np.ndarray[Any, Any], length: int, head: bytes, bounds: list[int]
+    ) -> list[tuple[tuple[bytes | memoryview, ...], int]]:
+        """``_column_frames`` of values that each take ``head`` and then ``length`` bytes of
+        ``rows``: every frame made whole by copying its values' bytes straight into it, those
+        of blocks of as many rows together (not the values joined first and then copied
+        again into frames)."""
+        width = len(head) + length
+        frames: list[tuple[tuple[bytes | memoryview, ...], int]] = []
+        k, last = 0, len(bounds) - 1
+        while k < last:
+            i, n = bounds[k], bounds[k + 1] - bounds[k]
+            run = 1  # the blocks from k of n rows each
+            while k + run < last and bounds[k + run + 1] - bounds[k + run] == n:
+                run += 1
+            array_head = _ARRAY_HEADERS[n]
+            h = len(array_head)
+            body_end = h + n * width
+            size = body_end + 4 * n
+            out = np.empty((run, size), dtype=np.uint8)
+            out[:, :h] = np.frombuffer(array_head, dtype=np.uint8)
+            values = rows[i * length : (i + run * n) * length].reshape(run, n, length)
+            if head:
+                body = out[:, h:body_end].reshape(run, n, width)
+                body[:, :, : len(head)] = np.frombuffer(head, dtype=np.uint8)
+                body[:, :, len(head) :] = values
+            else:
+                out[:, h:body_end] = values.reshape(run, n * length)
+            out[:, body_end:] = self._uniform_table(h, width, n)
+            view = out.reshape(-1).data
+            frames += [((view[q : q + size],), size) for q in range(0, run * size, size)]
+            k += run
+        return frames
+
+    def _uniform_table(self, start: int, size: int, n: int) -> np.ndarray[Any, Any]:
+        """A frame's offset table when its ``n`` values take ``size`` bytes each, as bytes."""
+        table = self._even_tables.get((start, size, n)) or self._even_table(start, size, n)
+        return np.frombuffer(table, dtype=np.uint8)
 
     def _open_block(self, fast: _FastPath) -> None:
         """The open block's first sample took ``fast``: its columns are the path's keys."""
@@ -613,12 +695,6 @@ class ChunkBuilder:
         """Close the open block now (field files copy their chunk's block boundaries)."""
         self._seal_block()
 
-    def _should_compress(self, name: str) -> bool:
-        if not self._compressor.enabled:
-            return False
-        streak = self._raw_streak.get(name, 0)
-        return streak < _RAW_STREAK or streak % _PROBE_EVERY == 0
-
     def _seal_block(self) -> None:
         rows = self._rows
         if not rows:
@@ -696,15 +772,17 @@ class ChunkBuilder:
         """Seal one frame from its raw bytes in pieces: compressed when that pays."""
         column = self._columns.setdefault(name, len(self._columns))
         codec = CODEC_RAW
-        if self._should_compress(name):
+        streaks = self._raw_streak
+        streak = streaks.get(name, 0)
+        if self._compressing and (streak < _RAW_STREAK or streak % _PROBE_EVERY == 0):
             codec, packed = self._compressor.compress(b"".join(stored))
             if codec == CODEC_RAW:
-                self._raw_streak[name] = self._raw_streak.get(name, 0) + 1
+                streaks[name] = streak + 1
             else:
-                self._raw_streak[name] = 0
+                streaks[name] = 0
                 stored = (packed,)
-        elif name in self._raw_streak:
-            self._raw_streak[name] += 1
+        elif name in streaks:
+            streaks[name] = streak + 1
         length = raw_length if codec == CODEC_RAW else len(stored[0])
         flags = FLAG_SPARSE if sparse else 0
         self._sealed.frames.append((column, self._size, length, raw_length, codec, flags))

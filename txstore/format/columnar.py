@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -29,12 +30,29 @@ _U8 = np.uint8
 NIL = 0xC0
 
 
-@dataclass(frozen=True)
 class Encoded:
     """A column's values encoded: value ``i`` is ``data[offsets[i]:offsets[i + 1]]``."""
 
-    data: np.ndarray[Any, Any]  # uint8
-    offsets: np.ndarray[Any, Any]  # int64, one more than the values
+    __slots__ = ("_data", "_even", "offsets")
+
+    def __init__(self, data: np.ndarray[Any, Any], offsets: np.ndarray[Any, Any]) -> None:
+        self._data = data  # uint8
+        self.offsets = offsets  # int64, one more than the values
+        self._even: int | None = -1  # not yet known
+
+    @property
+    def even_size(self) -> int | None:
+        """The size of every value when they all have one (ints of one width, floats), else
+        None."""
+        if self._even == -1:
+            sizes = self.sizes
+            one = len(sizes) > 0 and bool((sizes == sizes[0]).all())
+            self._even = int(sizes[0]) if one else None
+        return self._even
+
+    @property
+    def data(self) -> np.ndarray[Any, Any]:
+        return self._data
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -42,6 +60,44 @@ class Encoded:
     @property
     def sizes(self) -> np.ndarray[Any, Any]:
         return np.diff(self.offsets)
+
+
+class Prefixed(Encoded):
+    """Values that are each a header and a payload (strs, bytes, lists, numpy arrays), kept
+    apart: value ``i`` is ``heads[i, :used[i]]`` then ``payload[starts[i]:starts[i + 1]]``.
+    ``data`` joins them when first asked for; a chunk builder instead copies a column of one
+    header and one payload length straight into its frames (``uniform``), so each value's
+    bytes are copied once, not into ``data`` and again into a frame."""
+
+    __slots__ = ("_ready", "heads", "payload", "starts", "uniform", "used")
+
+    def __init__(
+        self,
+        heads: np.ndarray[Any, Any],
+        used: np.ndarray[Any, Any],
+        payload: np.ndarray[Any, Any],
+        starts: np.ndarray[Any, Any],
+    ) -> None:
+        n = len(used)
+        lengths = np.diff(starts)
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(used + lengths, out=offsets[1:])
+        super().__init__(np.empty(0, dtype=_U8), offsets)
+        self.heads, self.used, self.payload, self.starts = heads, used, payload, starts
+        #: (the header every value has, the payload length every value has), or None.
+        self.uniform: tuple[bytes, int] | None = None
+        if n and (lengths == lengths[0]).all() and (used == used[0]).all():
+            h = int(used[0])
+            if (heads[:, :h] == heads[0, :h]).all():
+                self.uniform = (heads[0, :h].tobytes(), int(lengths[0]))
+        self._ready = False
+
+    @property
+    def data(self) -> np.ndarray[Any, Any]:
+        if not self._ready:
+            self._data = _joined(self.heads, self.used, self.payload, self.starts, self.offsets)
+            self._ready = True
+        return self._data
 
 
 @dataclass(frozen=True)
@@ -77,6 +133,13 @@ class ColumnBatch:
             columns.append(Encoded(data, np.concatenate(offsets)))
         return ColumnBatch(names, tuple(columns), sum(b.num_rows for b in batches))
 
+    @cached_property
+    def row_end_list(self) -> list[int]:
+        """``row_ends`` as a list."""
+        ends: list[int] = self.row_ends.tolist()
+        return ends
+
+    @cached_property
     def row_ends(self) -> np.ndarray[Any, Any]:
         """The running total of the rows' encoded sizes (``num_rows + 1`` values)."""
         total = np.zeros(self.num_rows + 1, dtype=np.int64)
@@ -154,10 +217,10 @@ def encode_arrays(values: np.ndarray[Any, Any], name: str, position: int) -> Enc
     # The header of every row's value is that of any array of this dtype and shape.
     template = ValueEncoder().encode(np.zeros(shape, dtype=dtype), position=position, key=name)
     prefix = np.frombuffer(template[: len(template) - itemsize], dtype=_U8)
-    out = np.empty((n, len(prefix) + itemsize), dtype=_U8)
-    out[:, : len(prefix)] = prefix
-    out[:, len(prefix) :] = np.ascontiguousarray(values).view(_U8).reshape(n, itemsize)
-    return _even(out, out.shape[1], n)
+    payload = np.ascontiguousarray(values).reshape(-1).view(_U8)
+    starts = np.arange(n + 1, dtype=np.int64) * itemsize
+    heads = np.broadcast_to(prefix, (n, len(prefix)))
+    return Prefixed(heads, np.full(n, len(prefix), dtype=np.int64), payload, starts)
 
 
 def encode_objects(
@@ -218,28 +281,36 @@ def _prefixed(
     used: np.ndarray[Any, Any],
     data: np.ndarray[Any, Any],
     offsets: np.ndarray[Any, Any],
-) -> Encoded:
+) -> Prefixed:
     """Each value ``data[offsets[i]:offsets[i+1]]`` after its header ``heads[i, :used[i]]``
     (``offsets`` index ``data`` itself: a slice's values start where its first one does)."""
+    return Prefixed(heads, used, data, offsets)
+
+
+def _joined(
+    heads: np.ndarray[Any, Any],
+    used: np.ndarray[Any, Any],
+    data: np.ndarray[Any, Any],
+    offsets: np.ndarray[Any, Any],
+    out_offsets: np.ndarray[Any, Any],
+) -> np.ndarray[Any, Any]:
+    """The values of a ``Prefixed`` end to end: each header, then its payload."""
     n = len(used)
     lengths = np.diff(offsets)
-    sizes = used + lengths
-    out_offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(sizes, out=out_offsets[1:])
     if n and (lengths == lengths[0]).all() and (used == used[0]).all():
         # One length (tokens, latents): a row per value, header then data.
         h, length = int(used[0]), int(lengths[0])
         rows = np.empty((n, h + length), dtype=_U8)
         rows[:, :h] = heads[:, :h]
         rows[:, h:] = data[offsets[0] : offsets[-1]].reshape(n, length)
-        return Encoded(rows.reshape(-1), out_offsets)
+        return rows.reshape(-1)
     if n and int(lengths.sum()) > _JOIN_ABOVE * n:
         view = data.data
         parts: list[Any] = []
         for i in range(n):
             parts.append(heads[i, : used[i]].tobytes())
             parts.append(view[offsets[i] : offsets[i + 1]])
-        return Encoded(np.frombuffer(b"".join(parts), dtype=_U8), out_offsets)
+        return np.frombuffer(b"".join(parts), dtype=_U8)
     out = np.empty(int(out_offsets[-1]), dtype=_U8)
     is_data = np.ones(len(out), dtype=bool)
     starts = out_offsets[:-1]
@@ -249,7 +320,7 @@ def _prefixed(
         out[where] = heads[used_k, k]
         is_data[where] = False
     out[is_data] = data[offsets[0] : offsets[-1]]
-    return Encoded(out, out_offsets)
+    return out
 
 
 def encode_strings(data: np.ndarray[Any, Any], offsets: np.ndarray[Any, Any]) -> Encoded:

@@ -337,3 +337,21 @@ def test_tqdm_is_loaded_only_to_show_progress(tmp_path: Path) -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_a_reader_loads_no_lock_library_and_builds_no_writer_tables(tmp_path: Path) -> None:
+    """Importing txstore to read costs no work only a writer needs: portalocker is imported,
+    and the builder's table of bin headers made, when a process first writes."""
+    txstore.create(str(tmp_path / "s")).append([{"i": 1, "b": b"x"}])
+    code = (
+        "import sys, txstore\n"
+        "from txstore.format import builder\n"
+        f"s = txstore.open({str(tmp_path / 's')!r})\n"
+        "assert [x['i'] for x in s.snapshot()] == [1]\n"
+        "assert 'portalocker' not in sys.modules, 'a reader imported portalocker'\n"
+        "assert builder._small_bin_headers.cache_info().currsize == 0, 'table made'\n"
+        "s.append([{'i': 2, 'b': b'y'}])\n"
+        "assert 'portalocker' in sys.modules\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr

@@ -18,6 +18,7 @@ from __future__ import annotations
 import struct
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from functools import cache
 from itertools import accumulate, islice, pairwise, repeat, zip_longest
 from operator import add as plus
 from operator import itemgetter
@@ -59,12 +60,19 @@ def _bin_header(n: int) -> bytes:
 
 #: The array header of each block size (a block holds at most ``MAX_BLOCK_SAMPLES``).
 _ARRAY_HEADERS = tuple(_array_header(n) for n in range(MAX_BLOCK_SAMPLES + 1))
-_SMALL_BIN_HEADERS = tuple(_bin_header(n) for n in range(1 << 16))  # 0.7 MB: no call per value
+_SMALL_BINS = 1 << 16
+
+
+@cache
+def _small_bin_headers() -> tuple[bytes, ...]:
+    """The bin header of each length below ``_SMALL_BINS`` (0.7 MB: no call per value), made
+    by the first writer rather than by every process that imports txstore to read."""
+    return tuple(_bin_header(n) for n in range(_SMALL_BINS))
 
 
 def _bin_headers(lengths: list[int]) -> list[bytes]:
-    if max(lengths) < len(_SMALL_BIN_HEADERS):
-        return list(map(_SMALL_BIN_HEADERS.__getitem__, lengths))
+    if max(lengths) < _SMALL_BINS:
+        return list(map(_small_bin_headers().__getitem__, lengths))
     return list(map(_bin_header, lengths))
 
 

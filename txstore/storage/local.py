@@ -22,8 +22,6 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import portalocker
-
 from ..errors import AlreadyExistsError, NotFoundError, RefChangedError, StorageError
 from .base import TEMP_PREFIX, Data, FileInfo, Storage
 
@@ -436,6 +434,8 @@ class LocalStorage(Storage):
         """An exclusive lock named ``key`` among the processes of this machine (a lock file
         under the root): yields True once held, or False after ``timeout`` seconds (a stuck
         peer), so that a caller using it to avoid duplicate work can go ahead anyway."""
+        import portalocker  # here: a process that takes no lock need not import it
+
         path = self._path(key)
         self._parent(path)
         lock = portalocker.Lock(path, "a", timeout=timeout, check_interval=0.005)
@@ -475,6 +475,8 @@ class LocalStorage(Storage):
         return data, _token(data)
 
     def compare_and_swap(self, key: str, data: bytes, token: str | None) -> None:
+        import portalocker
+
         path = self._path(key)
         lock_path = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.lock")
         try:
@@ -600,6 +602,8 @@ class LocalStorage(Storage):
 
     @contextlib.contextmanager
     def writer_lock(self) -> Iterator[object]:
+        import portalocker
+
         os.makedirs(self.root, exist_ok=True)
         lock = portalocker.Lock(
             os.path.join(self.root, _LOCK_NAME), "a", timeout=10, check_interval=0.002

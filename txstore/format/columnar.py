@@ -64,7 +64,8 @@ class Encoded:
 
 class Prefixed(Encoded):
     """Values that are each a header and a payload (strs, bytes, lists, numpy arrays), kept
-    apart: value ``i`` is ``heads[i, :used[i]]`` then ``payload[starts[i]:starts[i + 1]]``.
+    apart: value ``i`` is ``heads[i, :used[i]]`` then ``payload[starts[i]:starts[i + 1]]``
+    (``starts`` index ``payload`` itself: a slice's values start where its first one does).
     ``data`` joins them when first asked for; a chunk builder instead copies a column of one
     header and one payload length straight into its frames (``uniform``), so each value's
     bytes are copied once, not into ``data`` and again into a frame."""
@@ -276,17 +277,6 @@ _MAP = ((15, 0x80, 0), (65535, 0xDE, 2), (2**32 - 1, 0xDF, 4))
 _JOIN_ABOVE = 2048
 
 
-def _prefixed(
-    heads: np.ndarray[Any, Any],
-    used: np.ndarray[Any, Any],
-    data: np.ndarray[Any, Any],
-    offsets: np.ndarray[Any, Any],
-) -> Prefixed:
-    """Each value ``data[offsets[i]:offsets[i+1]]`` after its header ``heads[i, :used[i]]``
-    (``offsets`` index ``data`` itself: a slice's values start where its first one does)."""
-    return Prefixed(heads, used, data, offsets)
-
-
 def _joined(
     heads: np.ndarray[Any, Any],
     used: np.ndarray[Any, Any],
@@ -326,19 +316,19 @@ def _joined(
 def encode_strings(data: np.ndarray[Any, Any], offsets: np.ndarray[Any, Any]) -> Encoded:
     """UTF-8 strings (checked by the caller), ``data[offsets[i]:offsets[i+1]]``."""
     heads, used = _headers(np.diff(offsets), _STR)
-    return _prefixed(heads, used, data, offsets)
+    return Prefixed(heads, used, data, offsets)
 
 
 def encode_binary(data: np.ndarray[Any, Any], offsets: np.ndarray[Any, Any]) -> Encoded:
     heads, used = _headers(np.diff(offsets), _BIN)
-    return _prefixed(heads, used, data, offsets)
+    return Prefixed(heads, used, data, offsets)
 
 
 def encode_lists(items: Encoded, offsets: np.ndarray[Any, Any]) -> Encoded:
     """Lists of the values of ``items``: list ``i`` holds items ``offsets[i]:offsets[i+1]``."""
     heads, used = _headers(np.diff(offsets), _ARRAY)
     ends = items.offsets[offsets]  # where each list's items start and end in items.data
-    return _prefixed(heads, used, items.data, ends)
+    return Prefixed(heads, used, items.data, ends)
 
 
 def _rowwise(columns: Sequence[Encoded]) -> Encoded:
@@ -364,7 +354,7 @@ def encode_maps(keys: Sequence[str], values: Sequence[Encoded]) -> Encoded:
     n = len(values[0]) if values else 0
     heads, used = _headers(np.full(n, len(keys), dtype=np.int64), _MAP)
     encoder = ValueEncoder()
-    parts: list[Encoded] = [_prefixed(heads, used, np.empty(0, _U8), np.zeros(n + 1, np.int64))]
+    parts: list[Encoded] = [Prefixed(heads, used, np.empty(0, _U8), np.zeros(n + 1, np.int64))]
     for key, column in zip(keys, values, strict=True):
         key_bytes = np.frombuffer(encoder.encode_plain(key), dtype=_U8)
         parts += [_even(np.tile(key_bytes, n), len(key_bytes), n), column]

@@ -20,7 +20,7 @@ from txstore import cli
 
 from .conftest import Backend
 from .test_operations import make, reopen
-from .workers import REPO
+from .workers import REPO, run_cli
 
 COMMANDS = [
     "log",
@@ -62,19 +62,6 @@ def run(*args: str) -> Result:
     return Result(code, out.getvalue(), err.getvalue())
 
 
-def shell(*args: str) -> subprocess.CompletedProcess[str]:
-    """``txstore ARGS`` through the real entry point, in its own interpreter."""
-    return subprocess.run(
-        [sys.executable, "-m", "txstore.cli", *args],
-        cwd=REPO,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-
-
 def ok(*args: str) -> str:
     proc = run(*args)
     assert proc.returncode == 0, (args, proc.stdout, proc.stderr)
@@ -98,7 +85,7 @@ def options(backend: Backend) -> list[str]:
 
 
 def test_help_reads_well(capsys: pytest.CaptureFixture[str]) -> None:
-    top = shell("--help").stdout
+    top = run_cli("--help").stdout
     for command in COMMANDS:
         assert f"\n    {command} " in top, command
     assert "exit codes" in top and "3  damage: verify found some" in top
@@ -109,8 +96,8 @@ def test_help_reads_well(capsys: pytest.CaptureFixture[str]) -> None:
         text = capsys.readouterr().out
         assert text.startswith(f"usage: txstore {command} ")
         assert "--storage-option KEY=VALUE" in text and "exit codes" in text
-    assert shell("frobnicate", "x").returncode == 2
-    assert shell("log").returncode == 2  # no store given
+    assert run_cli("frobnicate", "x").returncode == 2
+    assert run_cli("log").returncode == 2  # no store given
 
 
 def test_on_s3_with_storage_options(s3_server: Any) -> None:
@@ -183,7 +170,7 @@ def test_operations_from_the_shell(tmp_path: Any) -> None:
 
 
 def test_errors_and_exit_codes(tmp_path: Any) -> None:
-    missing = shell("log", str(tmp_path / "nothing"))
+    missing = run_cli("log", str(tmp_path / "nothing"))
     assert missing.returncode == 1 and "no txstore store" in missing.stderr
     backend = Backend("local", str(tmp_path / "store"))
     store = make(backend, appends=2)
@@ -197,7 +184,7 @@ def test_errors_and_exit_codes(tmp_path: Any) -> None:
 
     chunk = store.snapshot().chunks()[0].path
     store.storage.delete(chunk)
-    damaged = shell("verify", uri)
+    damaged = run_cli("verify", uri)
     assert damaged.returncode == 3
     assert "DAMAGED" in damaged.stdout and chunk in damaged.stdout
     assert json.loads(run("verify", uri, "--json").stdout)["ok"] is False

@@ -26,7 +26,7 @@ import txstore
 from txstore import Progress
 from txstore.store.progress import QUIET
 
-REPO = Path(__file__).resolve().parent.parent
+from .workers import REPO, python
 
 STAGE_LINE = re.compile(r"([a-z ]+): ([\d,]+)/([\d,]+) ([a-z]+) \((\d+)%\)(.*)")
 
@@ -335,7 +335,7 @@ def test_tqdm_is_loaded_only_to_show_progress(tmp_path: Path) -> None:
         "s.verify(progress=txstore.Progress(io.StringIO()))\n"
         "assert 'tqdm' in sys.modules\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    proc = python(code)
     assert proc.returncode == 0, proc.stderr
 
 
@@ -353,5 +353,5 @@ def test_a_reader_loads_no_lock_library_and_builds_no_writer_tables(tmp_path: Pa
         "s.append([{'i': 2, 'b': b'y'}])\n"
         "assert 'portalocker' in sys.modules\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    proc = python(code)
     assert proc.returncode == 0, proc.stderr

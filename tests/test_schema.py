@@ -15,7 +15,7 @@ import txstore
 from txstore.torch import StreamingDataLoader, StreamingDataset
 
 from .conftest import Backend
-from .workers import REPO
+from .workers import REPO, run_cli
 
 
 def _runs(flags: list[bool]) -> list[tuple[int, int]]:
@@ -131,14 +131,7 @@ def test_streaming_dataset_fails_at_open_or_fills(tmp_path: Path) -> None:
 
 
 def _cli(*args: str) -> str:
-    proc = subprocess.run(
-        [sys.executable, "-m", "txstore.cli", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    proc = run_cli(*args)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 

@@ -8,7 +8,6 @@ import json
 import re
 import subprocess
 import sys
-import textwrap
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ from txstore.cli import output
 from .conftest import Backend
 from .test_cli import ok, run
 from .test_operations import make
-from .workers import REPO
+from .workers import REPO, python
 
 
 def forge(path: Path, **fields: Any) -> None:
@@ -29,17 +28,6 @@ def forge(path: Path, **fields: Any) -> None:
     doc = json.loads(path.read_bytes())
     doc.update(fields)
     path.write_text(json.dumps(doc))
-
-
-def python(code: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
 
 
 # -- refs read from storage are checked ------------------------------------------------------

@@ -35,7 +35,7 @@ from txstore.store.incremental import STATE_KEY, read_state
 from txstore.store.maintenance import kept_versions, parse_grace, reach
 
 from .conftest import Backend
-from .workers import REPO, spawn
+from .workers import REPO, run_cli, spawn
 
 DAY = 86400.0
 
@@ -596,14 +596,7 @@ def test_the_cli_runs_it(tmp_path: Path) -> None:
         store.append(samples(10 * v, 3))
 
     def vacuum(*args: str) -> dict[str, Any]:
-        proc = subprocess.run(
-            [sys.executable, "-m", "txstore.cli", "vacuum", uri, "--grace", "0", *args],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
+        proc = run_cli("vacuum", uri, "--grace", "0", *args)
         assert proc.returncode == 0, proc.stderr
         out: dict[str, Any] = json.loads(proc.stdout)
         return out

@@ -23,6 +23,7 @@ import os
 import random
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,32 @@ from txstore.storage import Storage, open_storage
 from .invariants import txn_samples
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """``txstore ARGS`` through the real entry point, in an interpreter of its own (stdin
+    empty and not a terminal)."""
+    return subprocess.run(
+        [sys.executable, "-m", "txstore.cli", *args],
+        cwd=REPO,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def python(code: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``code`` (dedented) run by a fresh interpreter from the repository's root."""
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def spawn(*args: str, **popen: Any) -> subprocess.Popen[str]:

@@ -372,6 +372,12 @@ class TokenStreamingDataset(SnapshotDataset):
             skipped += 1
         return self._iterate(runs[skipped:], worker, skipped, skip)
 
+    def _span_tokens(self, piece: Piece) -> int:
+        """Tokens of the samples a piece's windows span."""
+        base = int(self._first_window[piece.chunk])
+        _, s0, s1, _ = self._samples_span(base + piece.start, base + piece.stop)
+        return int(self._token_starts[s1] - self._token_starts[s0])
+
     def _piece_arrays(
         self, snapshot: Snapshot, chunk: ChunkRef, fetched: Fetched, piece: Piece
     ) -> tuple[Iterator[np.ndarray[Any, Any]], int]:
@@ -400,6 +406,7 @@ class TokenStreamingDataset(SnapshotDataset):
         )
         stream = fetcher.stream([self._chunks[p.chunk] for run in runs for p in run])
         block = self.block_size
+        buffer = _buffer(0, self.dtype)  # the shuffled runs' tokens (windows are copies)
         try:
             for number, run in enumerate(runs, start=first_run):
                 if not self.shuffle:  # one piece a run: windows as its blocks decode
@@ -412,13 +419,20 @@ class TokenStreamingDataset(SnapshotDataset):
                     del fetched
                     fetcher.release(chunk)
                     continue
-                # Each piece as (its tokens, where its first window starts in them).
+                # Each piece as (its tokens, where its first window starts in them), laid
+                # out in one buffer the iteration reuses run after run: fresh memory costs
+                # more than the copy into it.
+                spans = [self._span_tokens(piece) for piece in run]
+                if len(buffer) < sum(spans):
+                    buffer = _buffer(sum(spans), self.dtype)
                 flats: list[tuple[np.ndarray[Any, Any], int]] = []
-                for piece in run:
+                at = 0
+                for piece, span in zip(run, spans, strict=True):
                     chunk, fetched = next(stream)
                     arrays, offset = self._piece_arrays(snapshot, chunk, fetched, piece)
-                    flats.append((_concatenate(list(arrays)), offset))
-                    del fetched
+                    flats.append((_fill(buffer[at : at + span], arrays), offset))
+                    at += span
+                    del fetched, arrays
                     fetcher.release(chunk)
                 sizes = [p.stop - p.start for p in run]
                 # Window k of the run: piece ``which[k]``, window ``within[k]`` of it.
@@ -441,6 +455,28 @@ class TokenStreamingDataset(SnapshotDataset):
 
 def _concatenate(arrays: list[np.ndarray[Any, Any]]) -> np.ndarray[Any, Any]:
     return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+
+
+def _buffer(size: int, dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
+    """An array of ``size`` items over a ``bytearray``: numpy asks the kernel for huge
+    pages for a large array of its own (``MADV_HUGEPAGE``), and where none are free the
+    kernel compacts memory on each first touch, several times slower than plain pages."""
+    return np.frombuffer(bytearray(size * dtype.itemsize), dtype)
+
+
+def _fill(
+    out: np.ndarray[Any, Any], arrays: Iterator[np.ndarray[Any, Any]]
+) -> np.ndarray[Any, Any]:
+    """``out``, filled with ``arrays`` laid end to end, each copied in as it decodes."""
+    at = 0
+    for array in arrays:
+        if at + len(array) > len(out):
+            raise CorruptError("the samples hold more tokens than counted")
+        out[at : at + len(array)] = array
+        at += len(array)
+    if at != len(out):
+        raise CorruptError(f"{len(out) - at} tokens short: the samples hold fewer than counted")
+    return out
 
 
 def _cut(

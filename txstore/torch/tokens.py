@@ -406,7 +406,7 @@ class TokenStreamingDataset(SnapshotDataset):
         )
         stream = fetcher.stream([self._chunks[p.chunk] for run in runs for p in run])
         block = self.block_size
-        buffer = _buffer(0, self.dtype)  # the shuffled runs' tokens (windows are copies)
+        buffer: np.ndarray[Any, Any] | None = None  # shuffled runs' tokens (windows are copies)
         try:
             for number, run in enumerate(runs, start=first_run):
                 if not self.shuffle:  # one piece a run: windows as its blocks decode
@@ -423,7 +423,8 @@ class TokenStreamingDataset(SnapshotDataset):
                 # out in one buffer the iteration reuses run after run: fresh memory costs
                 # more than the copy into it.
                 spans = [self._span_tokens(piece) for piece in run]
-                if len(buffer) < sum(spans):
+                if buffer is None or len(buffer) < sum(spans):
+                    assert self.dtype is not None  # a run has windows, so tokens of a dtype
                     buffer = _buffer(sum(spans), self.dtype)
                 flats: list[tuple[np.ndarray[Any, Any], int]] = []
                 at = 0

@@ -528,8 +528,13 @@ def _uniform_array(frames: list[tuple[int, memoryview | None, bool]], decoder: A
         return None
     if not (np.concatenate([rows[:, :skip] for rows in blocks]) == first[:skip]).all():
         return None
-    out = np.concatenate([rows[:, skip:] for rows in blocks])
-    total = len(out)
+    total = sum(len(rows) for rows in blocks)
+    # Into a buffer of Arrow's memory pool, which keeps the pages a dropped batch freed for
+    # the next one: a fresh numpy array of this size is a new mapping, faulted in page by
+    # page, each chunk of a scan.
+    buffer = pa.allocate_buffer(total * payload)
+    out = np.frombuffer(buffer, dtype=np.uint8).reshape(total, payload)
+    np.concatenate([rows[:, skip:] for rows in blocks], out=out)
     if number is not None:
         got = out.reshape(-1).view(number)
         if number.kind == "f":
@@ -548,7 +553,7 @@ def _uniform_array(frames: list[tuple[int, memoryview | None, bool]], decoder: A
         arrow_type = pa.large_binary() if large else pa.binary()
     else:
         arrow_type = pa.large_string() if large else pa.string()
-    buffers = [None, pa.py_buffer(offsets_out), pa.py_buffer(out)]
+    buffers = [None, pa.py_buffer(offsets_out), buffer]
     return pa.Array.from_buffers(arrow_type, total, buffers, null_count=0)
 
 

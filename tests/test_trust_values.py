@@ -271,6 +271,25 @@ def test_out_of_range_numbers_in_a_segment_are_corrupt(
         list(txstore.open(store.uri).snapshot())
 
 
+def test_the_log_reads_only_commit_fields_and_a_version_reads_its_segments(
+    tmp_path: Path,
+) -> None:
+    """The history lists what a manifest's commit fields say; a segment reference outside the
+    segments folder is the reading of that version's to refuse, naming the manifest."""
+    store = _store(tmp_path)
+    store.append([{"i": 60}], message="second")
+    version = _forge_manifest(store, lambda m: m["segments"][0].update(path="../outside.json"))
+    reopened = txstore.open(store.uri)
+    log = reopened.log()
+    assert [(c.version, c.message, c.total_samples) for c in log[:2]] == [
+        (version, "second", 61),
+        (version - 1, None, 60),
+    ]
+    with pytest.raises(CorruptError, match=rf"index\.v{version}\.json"):
+        reopened.snapshot(version)
+    assert len(reopened.snapshot(version - 1)) == 60
+
+
 # -- item 9: timestamps ------------------------------------------------------------------------
 
 

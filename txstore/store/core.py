@@ -147,7 +147,7 @@ class Store:
         """The commit history, newest first."""
         latest = self._ctx.log.latest_version()
         stop = -1 if limit is None else max(-1, latest - limit)
-        return [Commit.from_manifest(self._ctx.log.read(v)) for v in range(latest, stop, -1)]
+        return [Commit.from_manifest(self._ctx.log.read_record(v)) for v in range(latest, stop, -1)]
 
     def append(
         self,

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from ..errors import CorruptError, UnsupportedFormatError
-from ..format.manifest import Manifest
+from ..format.manifest import CommitRecord, Manifest
 from ..txn import VersionLog
 from ..txn.rules import SAME_SAMPLES, Rebase
 from .context import StoreContext
@@ -40,7 +40,7 @@ class Commit:
     attempts: int | None = field(default=None, compare=False)
 
     @classmethod
-    def from_manifest(cls, m: Manifest, attempts: int | None = None) -> Commit:
+    def from_manifest(cls, m: Manifest | CommitRecord, attempts: int | None = None) -> Commit:
         return cls(
             version=m.version,
             num_samples=m.added_samples,

@@ -27,7 +27,7 @@ from ..errors import (
     VersionNotFoundError,
 )
 from ..format import manifest as fmt
-from ..format.manifest import Head, Manifest, TxnMarker
+from ..format.manifest import CommitRecord, Head, Manifest, TxnMarker
 from ..storage import Storage
 
 log = logging.getLogger(__name__)
@@ -82,6 +82,26 @@ class VersionLog:
                 f"version {version} does not exist in {self.storage.uri}"
             ) from None
         return self._decode(version, data)
+
+    def read_record(self, version: int) -> Manifest | CommitRecord:
+        """Version ``version``'s commit fields: its manifest where cached, else only those
+        fields decoded (for listing the history, which needs no segments)."""
+        with self._lock:
+            cached = self._cache.get(version)
+        if cached is not None:
+            return cached
+        key = manifest_key(version)
+        try:
+            data = self.storage.read(key)
+        except NotFoundError:
+            raise VersionNotFoundError(
+                f"version {version} does not exist in {self.storage.uri}"
+            ) from None
+        where = f"{self.storage.uri}/{key}"
+        record = fmt.decode(data, CommitRecord, where)
+        if record.version != version:
+            raise CorruptError(f"{where} claims to be version {record.version}")
+        return record
 
     def _decode(self, version: int, data: bytes) -> Manifest:
         """Version ``version``'s manifest from the bytes read under its key, checked."""

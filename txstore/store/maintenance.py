@@ -83,9 +83,9 @@ class Problem:
 
 @dataclass
 class Reach:
-    """What a set of versions needs: manifests, segments, chunks."""
+    """What a set of versions needs: segments, chunks and their files (held per segment and
+    chunk, not per version: a long history shares most of them)."""
 
-    manifests: dict[int, Manifest]
     segments: dict[str, SegmentRef]
     chunks: dict[ChunkRef, int]  # each distinct chunk reference -> a version that names it
     files: dict[str, ChunkFile]  # every data file by key
@@ -96,6 +96,42 @@ class Reach:
         return set(self.segments) | set(self.files)
 
 
+#: Manifests read at once by a pass over many versions: the pass keeps what it needs of
+#: each and drops the rest, so its memory does not grow with the history.
+_MANIFEST_BATCH = 2048
+
+
+def each_manifest(
+    log: VersionLog,
+    versions: Iterable[int],
+    progress: Progress = QUIET,
+    *,
+    fresh: bool = False,
+    stage: str = "reading manifests",
+) -> Iterator[tuple[int, Manifest | Problem]]:
+    """(version, its manifest or what is wrong with it), in order, read in parallel a batch
+    at a time."""
+    wanted = list(versions)
+    if not wanted:
+        return
+
+    def read(v: int) -> Manifest | Problem:
+        try:
+            return log.read(v, fresh=fresh)
+        except TxstoreError as e:
+            return Problem(f"versions/index.v{v}.json", str(e))
+
+    with (
+        progress.stage(stage, len(wanted), "manifests") as counter,
+        ThreadPoolExecutor(max_workers=min(THREADS, len(wanted))) as pool,
+    ):
+        for first in range(0, len(wanted), _MANIFEST_BATCH):
+            batch = wanted[first : first + _MANIFEST_BATCH]
+            for v, got in zip(batch, pool.map(read, batch), strict=True):
+                counter.update()
+                yield v, got
+
+
 def read_manifests(
     log: VersionLog,
     versions: Iterable[int],
@@ -104,23 +140,27 @@ def read_manifests(
     fresh: bool = False,
     stage: str = "reading manifests",
 ) -> tuple[dict[int, Manifest], list[Problem]]:
-    wanted = list(versions)
-
-    def read(v: int) -> Manifest | Problem:
-        try:
-            return log.read(v, fresh=fresh)
-        except TxstoreError as e:
-            return Problem(f"versions/index.v{v}.json", str(e))
-
     found: dict[int, Manifest] = {}
     problems: list[Problem] = []
-    got_all = parallel(read, wanted, stage, "manifests", progress)
-    for v, got in zip(wanted, got_all, strict=True):
+    for v, got in each_manifest(log, versions, progress, fresh=fresh, stage=stage):
         if isinstance(got, Problem):
             problems.append(got)
         else:
             found[v] = got
     return found, problems
+
+
+@dataclass
+class _Owners:
+    """Of the versions that need a segment: the first, and whether one is not tolerated
+    (held so, not as a set of versions, which would grow with the history)."""
+
+    first: int
+    needed: bool
+
+    def add(self, other: _Owners) -> None:
+        self.first = min(self.first, other.first)
+        self.needed = self.needed or other.needed
 
 
 def reach(
@@ -137,14 +177,22 @@ def reach(
     Reads storage, not this process's caches: it answers vacuum's safety check and verify,
     which must see a manifest or segment deleted or damaged since it was cached.
     """
-    manifests, problems = read_manifests(log, versions, progress, fresh=True)
+    problems: list[Problem] = []
     refs: dict[str, SegmentRef] = {}
-    owners: dict[str, set[int]] = {}
-    for v, m in manifests.items():
+    owners: dict[str, _Owners] = {}
+    for v, m in each_manifest(log, versions, progress, fresh=True):
+        if isinstance(m, Problem):
+            problems.append(m)
+            continue
         total = 0
+        mine = _Owners(v, v not in tolerate)
         for ref in m.segments:
             refs.setdefault(ref.path, ref)
-            owners.setdefault(ref.path, set()).add(v)
+            held = owners.get(ref.path)
+            if held is None:
+                owners[ref.path] = _Owners(mine.first, mine.needed)
+            else:
+                held.add(mine)
             total += ref.num_samples
         if total != m.num_samples and v not in tolerate:
             problems.append(
@@ -160,25 +208,30 @@ def reach(
         except TxstoreError as e:
             return e
 
-    out = Reach(manifests, {}, {}, {}, problems)
+    out = Reach({}, {}, {}, problems)
     level = list(refs.values())
     while level:  # the segment tree, one level at a time
         below: dict[str, SegmentRef] = {}
         read_all = parallel(read, level, "reading segments", "segments", progress)
         for ref, got in zip(level, read_all, strict=True):
             if isinstance(got, Exception):
-                if not owners[ref.path] <= tolerate:
+                if owners[ref.path].needed:
                     problems.append(Problem(ref.path, str(got)))
                 continue
             out.segments[ref.path] = ref
             if isinstance(got, Node):
+                parent = owners[ref.path]
                 for child in got.children:
                     if child.path in out.segments:
                         continue  # a forged tree names a file twice: read once
                     below.setdefault(child.path, child)
-                    owners.setdefault(child.path, set()).update(owners[ref.path])
+                    held = owners.get(child.path)
+                    if held is None:
+                        owners[child.path] = _Owners(parent.first, parent.needed)
+                    else:
+                        held.add(parent)
                 continue
-            version = min(owners[ref.path])
+            version = owners[ref.path].first
             for chunk in got.chunks:
                 # Later segments repeat most chunks of earlier ones: their files are known.
                 if chunk in out.chunks:

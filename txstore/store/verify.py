@@ -26,11 +26,11 @@ from ..storage import FileInfo, Storage
 from ..txn import VersionLog, manifest_key, txn_marker_key
 from .maintenance import (
     Problem,
+    each_manifest,
     listed_versions,
     orphans,
     parallel,
     reach,
-    read_manifests,
     retained_versions,
 )
 from .progress import QUIET, Progress
@@ -160,10 +160,16 @@ def verify(
     keep = [v for v in keep if v not in missing]
     # Every manifest, expired ones too: they are what the log, diff and txn ids read.
     present = [v for v in range(latest + 1) if v not in missing]
-    manifests, bad = read_manifests(
+    # Each version's commit fields are kept, not its manifest: the pass is over the whole
+    # history, and the segments are reach()'s to read.
+    manifests: dict[int, fmt.CommitRecord] = {}
+    for v, entry in each_manifest(
         log, present, progress, fresh=True, stage="reading every manifest"
-    )
-    problems += bad
+    ):
+        if isinstance(entry, Problem):
+            problems.append(entry)
+        else:
+            manifests[v] = fmt.commit_record(entry)
     markers, marker_problems = _read_markers(storage, listing, progress)
     problems += marker_problems
     for v in missing:
@@ -287,7 +293,7 @@ def _read_markers(
 
 
 def _check_chain(
-    manifests: dict[int, fmt.Manifest],
+    manifests: dict[int, fmt.CommitRecord],
     markers: dict[int, TxnMarker],
     listing: dict[str, FileInfo],
     latest: int,
@@ -343,7 +349,7 @@ def _check_retention(retention: Retention, latest: int) -> list[Problem]:
 _REF_KEY = re.compile(rf"(?:{TAGS}|{LEASES})[^/]+\.json")
 
 
-def _check_refs(refs: Refs, manifests: dict[int, fmt.Manifest]) -> list[Problem]:
+def _check_refs(refs: Refs, manifests: dict[int, fmt.CommitRecord]) -> list[Problem]:
     """Tags and leases decode and name versions that exist, by their commit ids."""
     storage = refs.storage
     problems: list[Problem] = []

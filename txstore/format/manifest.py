@@ -306,18 +306,7 @@ class CommitRecord(_Document, tag="manifest", kw_only=True, frozen=True):
 def commit_record(m: Manifest) -> CommitRecord:
     """A manifest's commit fields, without its config and segments (what a pass over the
     whole history keeps of each version)."""
-    return CommitRecord(
-        version=m.version,
-        parent=m.parent,
-        commit_id=m.commit_id,
-        txn_id=m.txn_id,
-        operation=m.operation,
-        timestamp=m.timestamp,
-        message=m.message,
-        num_samples=m.num_samples,
-        added_samples=m.added_samples,
-        source_version=m.source_version,
-    )
+    return CommitRecord(**{name: getattr(m, name) for name in CommitRecord.__struct_fields__})
 
 
 class Head(_Document, tag="head", kw_only=True, frozen=True):

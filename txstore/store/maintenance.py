@@ -132,24 +132,6 @@ def each_manifest(
                 yield v, got
 
 
-def read_manifests(
-    log: VersionLog,
-    versions: Iterable[int],
-    progress: Progress = QUIET,
-    *,
-    fresh: bool = False,
-    stage: str = "reading manifests",
-) -> tuple[dict[int, Manifest], list[Problem]]:
-    found: dict[int, Manifest] = {}
-    problems: list[Problem] = []
-    for v, got in each_manifest(log, versions, progress, fresh=fresh, stage=stage):
-        if isinstance(got, Problem):
-            problems.append(got)
-        else:
-            found[v] = got
-    return found, problems
-
-
 @dataclass
 class _Owners:
     """Of the versions that need a segment: the first, and whether one is not tolerated
@@ -464,10 +446,13 @@ def _older(log: VersionLog, candidates: list[int], cutoff: float) -> list[int]:
             lo = mid + 1
         else:
             hi = mid
-    manifests, problems = read_manifests(log, candidates[:lo])
-    if problems:
-        raise CorruptError(f"cannot expire: {problems[0].key}: {problems[0].message}")
-    return [v for v in candidates[:lo] if manifests[v].timestamp <= cutoff]
+    older = []
+    for v, got in each_manifest(log, candidates[:lo]):
+        if isinstance(got, Problem):
+            raise CorruptError(f"cannot expire: {got.key}: {got.message}")
+        if got.timestamp <= cutoff:
+            older.append(v)
+    return older
 
 
 # -- vacuum ----------------------------------------------------------------------------------

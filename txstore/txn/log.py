@@ -16,6 +16,7 @@ import logging
 import re
 import threading
 from collections import OrderedDict
+from typing import TypeVar
 
 from ..errors import (
     AlreadyExistsError,
@@ -33,6 +34,7 @@ from ..storage import Storage
 log = logging.getLogger(__name__)
 
 HEAD_KEY = "HEAD"
+_M = TypeVar("_M", Manifest, CommitRecord)
 _CACHE_SIZE = 64
 
 
@@ -75,13 +77,7 @@ class VersionLog:
                 cached = self._cache.get(version)
             if cached is not None:
                 return cached
-        try:
-            data = self.storage.read(manifest_key(version))
-        except NotFoundError:
-            raise VersionNotFoundError(
-                f"version {version} does not exist in {self.storage.uri}"
-            ) from None
-        return self._decode(version, data)
+        return self._decode(version, self._manifest_bytes(version))
 
     def read_record(self, version: int) -> Manifest | CommitRecord:
         """Version ``version``'s commit fields: its manifest where cached, else only those
@@ -90,25 +86,27 @@ class VersionLog:
             cached = self._cache.get(version)
         if cached is not None:
             return cached
-        key = manifest_key(version)
+        return self._checked(version, self._manifest_bytes(version), CommitRecord)
+
+    def _manifest_bytes(self, version: int) -> bytes:
         try:
-            data = self.storage.read(key)
+            return self.storage.read(manifest_key(version))
         except NotFoundError:
             raise VersionNotFoundError(
                 f"version {version} does not exist in {self.storage.uri}"
             ) from None
-        where = f"{self.storage.uri}/{key}"
-        record = fmt.decode(data, CommitRecord, where)
-        if record.version != version:
-            raise CorruptError(f"{where} claims to be version {record.version}")
-        return record
+
+    def _checked(self, version: int, data: bytes, kind: type[_M]) -> _M:
+        """The bytes read under version ``version``'s key decoded as ``kind``, checked."""
+        where = f"{self.storage.uri}/{manifest_key(version)}"
+        doc = fmt.decode(data, kind, where)
+        if doc.version != version:
+            raise CorruptError(f"{where} claims to be version {doc.version}")
+        return doc
 
     def _decode(self, version: int, data: bytes) -> Manifest:
         """Version ``version``'s manifest from the bytes read under its key, checked."""
-        where = f"{self.storage.uri}/{manifest_key(version)}"
-        manifest = fmt.decode(data, Manifest, where)
-        if manifest.version != version:
-            raise CorruptError(f"{where} claims to be version {manifest.version}")
+        manifest = self._checked(version, data, Manifest)
         self._remember(manifest)
         return manifest
 

@@ -130,6 +130,34 @@ class StorageSuite:
         with pytest.raises(NotFoundError):
             storage.read_ranges("chunks/absent.chunk", [(0, 4), (4, 8)])
 
+    def test_read_ranges_into_hands_each_range_over_once(self, storage: Storage) -> None:
+        """The parts of a chunk as they arrive (any order, any thread), each at its start:
+        written into a file at those offsets they make the object again."""
+        payload = os.urandom(3 * 1024 * 1024 + 17)
+        storage.write("chunks/into.chunk", payload)
+        step = len(payload) // 40 + 1
+        ranges = [
+            (start, min(len(payload), start + step)) for start in range(0, len(payload), step)
+        ]
+        lock = threading.Lock()
+        given: list[tuple[int, bytes]] = []
+
+        def put(start: int, data: bytes) -> None:
+            with lock:
+                given.append((start, bytes(data)))
+
+        storage.read_ranges_into("chunks/into.chunk", ranges, put)
+        assert sorted(given) == [(start, payload[start:end]) for start, end in ranges]
+        with pytest.raises(NotFoundError):
+            storage.read_ranges_into("chunks/absent.chunk", [(0, 4), (4, 8)], put)
+
+        def refuse(start: int, data: bytes) -> None:
+            if start:
+                raise OSError(f"no room for the part at {start}")
+
+        with pytest.raises(OSError, match="no room for the part at"):
+            storage.read_ranges_into("chunks/into.chunk", ranges, refuse)
+
     def test_read_many_reads_each_key_and_none_for_missing_ones(self, storage: Storage) -> None:
         objects = {f"segments/{i}.json": os.urandom(100 + i) for i in range(40)}
         for key, data in objects.items():
@@ -264,6 +292,9 @@ class StorageSuite:
             "read": lambda: storage.read(key),
             "read_range": lambda: storage.read_range(key, 0, 4),
             "read_ranges": lambda: storage.read_ranges(key, [(0, 4), (4, 8)]),
+            "read_ranges_into": lambda: storage.read_ranges_into(
+                key, [(0, 4), (4, 8)], lambda start, data: None
+            ),
             "read_many": lambda: storage.read_many([key, key]),
             "read_buffer": lambda: storage.read_buffer(key),
             "read_with_token": lambda: storage.read_with_token(key),

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
+import resource
+import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -67,36 +68,46 @@ def test_a_large_chunk_downloads_as_parts_and_decodes(
     samples = list(snap.reader.samples(fetched, chunk, snap.version))
     assert [s["id"] for s in samples] == list(range(n))
     assert samples[-1]["pad"] == store.snapshot()[n - 1]["pad"]
-    cache.close()  # the files being written are in the folder
     assert (tmp_path / "cache" / chunk.path).stat().st_size == chunk.size
+    cache.close()
 
 
-def test_a_chunk_is_handed_out_before_it_is_written_and_downloaded_once(
+def _mapped_from(folder: Path) -> list[str]:
+    with open("/proc/self/maps") as f:
+        return [line for line in f if str(folder) in line]
+
+
+def test_a_chunk_downloads_into_the_folder_once_and_is_read_from_its_file(
     s3_server: S3Server, proxy: Proxy, tmp_path: Path
 ) -> None:
-    """The first sample does not wait for the chunk's file to be written to the folder; a
-    second cache on the folder (another worker) waits for that file and reads it."""
-    uri, store = _store(s3_server, 500, 200, chunk_bytes=10**6)
-    (chunk,) = store.snapshot().chunk_refs()
+    """The parts of a chunk go into its file in the folder as they arrive: what is handed out
+    is a map of that file (the chunk is never a whole buffer in memory), and the file is in
+    place when ``fetch`` returns. A second cache on the folder (another worker) that asks
+    for a chunk while it downloads waits on the first's lock, then reads its file."""
+    uri, store = _store(s3_server, 1000, 200, chunk_bytes=10**5)
+    refs = store.snapshot().chunk_refs()
     snap = txstore.open(uri, storage_options=_options(s3_server, proxy)).snapshot()
     folder = tmp_path / "cache"
     first = ChunkCache(snap.reader, str(folder), 10**10)
-    gate = threading.Event()
-    first._writer.submit(gate.wait)  # the writer busy: the chunk's write waits behind this
-    proxy.reset()
-    fetched = first.fetch(chunk, snap.version)
-    ids = [s["id"] for s in snap.reader.samples(fetched, chunk, snap.version)]
-    assert ids == list(range(500))
-    assert not (folder / chunk.path).exists()
+    fetched = first.fetch(refs[0], snap.version)
+    assert (folder / refs[0].path).stat().st_size == refs[0].size
+    assert _mapped_from(folder)  # handed out from the file, not from a joined copy
+    samples = snap.reader.samples(fetched, refs[0], snap.version)
+    assert [s["id"] for s in samples] == list(range(refs[0].num_samples))
+
     second = ChunkCache(snap.reader, str(folder), 10**10)
+    proxy.reset(Rule(lambda r: "/chunks/" in r.path, "delay", times=10**6, delay=0.5))
     with ThreadPoolExecutor(1) as pool:
-        waiting = pool.submit(second.fetch, chunk, snap.version)
-        time.sleep(0.3)
-        assert not waiting.done()  # on the first cache's lock, until its file is written
-        gate.set()
-        again = waiting.result(timeout=60)
-    assert [s["id"] for s in snap.reader.samples(again, chunk, snap.version)] == ids
-    assert sum(n for _, n in _chunk_gets(proxy)) == chunk.size  # one download
+        downloading = pool.submit(first.fetch, refs[1], snap.version)
+        time.sleep(0.2)
+        again = second.fetch(refs[1], snap.version)
+        fetched = downloading.result(timeout=60)
+    ids = [s["id"] for s in snap.reader.samples(fetched, refs[1], snap.version)]
+    assert ids == list(range(refs[0].num_samples, sum(c.num_samples for c in refs[:2])))
+    assert [s["id"] for s in snap.reader.samples(again, refs[1], snap.version)] == ids
+    assert sum(n for _, n in _chunk_gets(proxy)) == refs[1].size  # one download
+    names = sorted(p.name for p in (folder / "chunks").iterdir())
+    assert names == sorted(c.path.split("/")[-1] for c in refs[:2])  # no temporary file left
     first.close()
     second.close()
 
@@ -126,6 +137,35 @@ def test_a_folder_that_cannot_take_a_chunk_leaves_it_out_and_reads_on(
     assert len(left_out) == len(snap.chunk_refs()) >= 2
     assert snap.chunk_refs()[0].path in left_out[0]
     assert sorted(p.name for p in folder.iterdir()) == ["chunks", "locks"]
+
+
+def test_a_folder_that_fills_up_during_a_download_reads_the_chunk_on(
+    s3_server: S3Server, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A write into the folder that fails partway (here the file size limit, as a quota or
+    a full disk would) leaves the chunk out of the folder, not the read: it is read into
+    memory instead, with a warning, and no part file is left behind."""
+    uri, store = _store(s3_server, 400, 2000, chunk_bytes=10**7)
+    (chunk,) = store.snapshot().chunk_refs()
+    snap = txstore.open(uri, storage_options=s3_server.options).snapshot()
+    folder = tmp_path / "cache"
+    cache = ChunkCache(snap.reader, str(folder), 10**10)
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    quiet = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG, not the signal's kill
+    resource.setrlimit(resource.RLIMIT_FSIZE, (chunk.size // 3, limit[1]))
+    try:
+        with caplog.at_level(logging.WARNING, logger="txstore"):
+            fetched = cache.fetch(chunk, snap.version)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limit)
+        signal.signal(signal.SIGXFSZ, quiet)
+    samples = list(snap.reader.samples(fetched, chunk, snap.version))
+    assert [s["id"] for s in samples] == list(range(400))
+    assert samples[-1]["pad"] == store.snapshot()[399]["pad"]
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("not kept in the cache" in w and chunk.path in w for w in warned), warned
+    assert list((folder / "chunks").iterdir()) == []
+    cache.close()
 
 
 def test_a_dataloader_downloads_each_chunk_once(
@@ -193,6 +233,7 @@ def test_a_chunk_damaged_in_the_store_raises(s3_server: S3Server, tmp_path: Path
     with pytest.raises(txstore.ChecksumError, match=victim.path):
         list(ds)
     assert not (tmp_path / "c" / victim.path).exists()  # nothing damaged is kept
+    assert not [p for p in (tmp_path / "c").rglob("*") if p.name.startswith(".tmp.")]
 
 
 def test_zero_copy_views_keep_no_evicted_cache_file_mapped(
@@ -209,8 +250,7 @@ def test_zero_copy_views_keep_no_evicted_cache_file_mapped(
     kept = [s["pad"] for s in ds]  # every view held
     assert [bytes(v) for v in kept[:3]] == [bytes(v) for v in kept[:3]]
     assert len(kept) == 2000
-    with open("/proc/self/maps") as f:
-        mapped = [line for line in f if str(cache) in line]
+    mapped = _mapped_from(cache)
     assert mapped == [], mapped[:3]
 
 

@@ -232,3 +232,27 @@ def test_kept_maps_hold_a_bounded_number_of_descriptors(tmp_path: Path) -> None:
     assert len(os.listdir("/proc/self/fd")) - before <= 2 * _MAX_KEPT_MAPS
     storage.close()
     assert len(os.listdir("/proc/self/fd")) <= before
+
+
+def test_a_staged_file_is_published_whole_or_not_at_all(tmp_path: Path) -> None:
+    """Parts written out of order make the file, which appears under its key only when
+    published (replacing what was there, which a kept map had read); one not published
+    leaves nothing behind, not even its temporary name."""
+    storage = LocalStorage(tmp_path)
+    storage.write("chunks/a.chunk", b"old bytes")
+    assert storage.read_range_view("chunks/a.chunk", 0, 3) == b"old"  # a map kept
+    payload = os.urandom(10_000)
+    with storage.stage_unsynced("chunks/a.chunk") as staged:
+        staged.put(6000, payload[6000:])
+        staged.put(0, memoryview(payload)[:6000])
+        assert storage.read("chunks/a.chunk") == b"old bytes"  # not yet published
+        assert bytes(staged.view()) == payload
+        staged.publish()
+    assert storage.read("chunks/a.chunk") == payload
+    assert bytes(storage.read_range_view("chunks/a.chunk", 0, 3)) == payload[:3]
+    with storage.stage_unsynced("chunks/b.chunk") as staged:
+        staged.put(0, b"never published")
+    with pytest.raises(ValueError), storage.stage_unsynced("chunks/c.chunk") as staged:
+        staged.put(0, b"abandoned")
+        raise ValueError("the download failed")
+    assert sorted(os.listdir(tmp_path / "chunks")) == ["a.chunk"]

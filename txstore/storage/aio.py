@@ -81,6 +81,24 @@ class LoopReads:
         makes = [partial(self._read_range, key, start, end) for start, end in ranges]
         return run_all(self._fs.loop, makes, self.max_in_flight)
 
+    def read_ranges_into(
+        self, key: str, ranges: Sequence[tuple[int, int]], put: Callable[[int, bytes], None]
+    ) -> None:
+        if any(end <= start for start, end in ranges):
+            for start, end in ranges:
+                put(start, self.read_range(key, start, end))
+            return
+
+        async def one(start: int, end: int) -> None:
+            data = await self._read_range(key, start, end)
+            # On a thread of the loop's executor: the loop goes on reading the other ranges
+            # while this one is written.
+            await asyncio.get_running_loop().run_in_executor(None, put, start, data)
+
+        run_all(
+            self._fs.loop, [partial(one, start, end) for start, end in ranges], self.max_in_flight
+        )
+
     def read_many(self, keys: Sequence[str]) -> list[bytes | None]:
         makes = [partial(self._read_or_none, key) for key in keys]
         return run_all(self._fs.loop, makes, self.max_in_flight)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple, TypeAlias
 
 from ..errors import NotFoundError
@@ -111,6 +111,16 @@ class Storage(ABC):
         trips sends them together, at most ``max_in_flight`` at once: a chunk read as parts
         over several connections, or a field's frames, wait one round trip, not one each."""
         return [self.read_range(key, start, end) for start, end in ranges]
+
+    def read_ranges_into(
+        self, key: str, ranges: Sequence[tuple[int, int]], put: Callable[[int, bytes], None]
+    ) -> None:
+        """``read_ranges``, each range handed to ``put(start, data)`` as it arrives (in any
+        order, on any thread; ``put`` may be called for several ranges at once) and then let
+        go: a chunk downloaded into a file is never whole in memory. Returns once every
+        ``put`` has returned; the first failure, of a read or a ``put``, is raised."""
+        for (start, _end), data in zip(ranges, self.read_ranges(key, ranges), strict=True):
+            put(start, data)
 
     def read_range_view(self, key: str, start: int, end: int) -> bytes | memoryview:
         """As ``read_range``; where a backend can, a view of a mapped file instead of a copy.

@@ -183,6 +183,66 @@ class _Kept:
         return view, cached
 
 
+class Staged:
+    """A file being written under a temporary name (``LocalStorage.stage_unsynced``)."""
+
+    def __init__(self, storage: LocalStorage, key: str, path: str, tmp: str, fd: int) -> None:
+        self._storage, self._key, self._path, self._tmp, self._fd = storage, key, path, tmp, fd
+        self._done = False
+
+    def _error(self, e: OSError) -> StorageError:
+        return StorageError(f"cannot write {self._storage.root}/{self._key}: {e}")
+
+    def put(self, offset: int, data: bytes | memoryview) -> None:
+        """Write ``data`` at ``offset`` (plain writes: no early writeback, which would only
+        make a disk busy for a file that needs no durability)."""
+        view = memoryview(data)
+        try:
+            while view:
+                written = os.pwrite(self._fd, view, offset)
+                view, offset = view[written:], offset + written
+        except OSError as e:
+            raise self._error(e) from e
+
+    def view(self) -> bytes | memoryview:
+        """What has been written, mapped (``b""`` for an empty file)."""
+        try:
+            return memoryview(mmap.mmap(self._fd, 0, access=mmap.ACCESS_READ))
+        except ValueError:  # an empty file, which cannot be mapped
+            return b""
+        except OSError as e:
+            raise self._error(e) from e
+
+    def publish(self) -> None:
+        """The file, under its key; maps of it (``view``) stay valid."""
+        self._close()
+        try:
+            os.replace(self._tmp, self._path)
+        except OSError as e:
+            self.discard()
+            raise self._error(e) from e
+        self._done = True
+        self._storage._forget(self._key)
+
+    def discard(self) -> None:
+        self._close()
+        if not self._done:
+            self._done = True
+            with contextlib.suppress(OSError):
+                os.unlink(self._tmp)
+
+    def _close(self) -> None:
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            os.close(fd)
+
+    def __enter__(self) -> Staged:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.discard()
+
+
 class LocalStorage(Storage):
     is_remote = False
 
@@ -221,9 +281,13 @@ class LocalStorage(Storage):
             self._made_dirs.add(parent)
         return parent
 
-    def _write_temp(self, path: str, data: Data) -> str:
+    def _temp_path(self, path: str) -> str:
+        """A new temporary name beside ``path``, for a file published by renaming it."""
         parent = self._parent(path)
-        tmp = os.path.join(parent, f"{TEMP_PREFIX}{uuid.uuid4().hex}.{os.path.basename(path)}")
+        return os.path.join(parent, f"{TEMP_PREFIX}{uuid.uuid4().hex}.{os.path.basename(path)}")
+
+    def _write_temp(self, path: str, data: Data) -> str:
+        tmp = self._temp_path(path)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             _write_all(fd, [data] if isinstance(data, bytes) else data)
@@ -406,28 +470,25 @@ class LocalStorage(Storage):
         crash can leave a file of other bytes under the key. For caches only, whose readers
         check what they read against its checksums; a 64 MiB fsync per cached chunk would
         bound how fast a remote store streams."""
+        with self.stage_unsynced(key) as staged:
+            offset = 0
+            for buffer in [data] if isinstance(data, bytes) else data:
+                staged.put(offset, buffer)
+                offset += len(buffer)
+            staged.publish()
+
+    def stage_unsynced(self, key: str) -> Staged:
+        """A new file for ``key``, written under a temporary name (by ``Staged.put``) and
+        published under the key by ``Staged.publish`` (or removed, if it is not, when the
+        ``with`` block ends): as ``write_unsynced``, for a file written piece by piece, in any
+        order, from several threads (a chunk downloaded as parts into a cache)."""
         path = self._path(key)
-        tmp = ""
         try:
-            parent = self._parent(path)
-            tmp = os.path.join(parent, f"{TEMP_PREFIX}{uuid.uuid4().hex}.{os.path.basename(path)}")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            try:
-                # Plain writes: no early writeback (``_write_all``), which only makes a disk
-                # busy for a file that needs no durability.
-                for buffer in [data] if isinstance(data, bytes) else data:
-                    view = memoryview(buffer)
-                    while view:
-                        view = view[os.write(fd, view) :]
-            finally:
-                os.close(fd)
-            os.replace(tmp, path)
+            tmp = self._temp_path(path)
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         except OSError as e:
-            if tmp:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
             raise StorageError(f"cannot write {self.root}/{key}: {e}") from e
-        self._forget(key)
+        return Staged(self, key, path, tmp, fd)
 
     @contextlib.contextmanager
     def lock(self, key: str, timeout: float) -> Iterator[bool]:

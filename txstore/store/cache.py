@@ -4,12 +4,13 @@ The folder is laid out like the store (``chunks/<id>.chunk``), so versions that 
 share its files: chunk files never change once written. A chunk missing from it is downloaded
 as parts over several connections at once (``PART_SIZE`` each, up to the storage's
 ``max_in_flight``): one connection's bandwidth, not the whole link's, is what bounds a single
-GET of 64 MiB. The bytes downloaded are checked once (the chunk's digest), decoded from memory
-and handed out; a thread then writes them to the folder, so that the chunk's first sample does
-not wait for a 64 MiB write. Processes sharing the folder (DataLoader workers) take a lock per
-file while they fetch it, held until the file is written, so a chunk two of them need is
-downloaded once. The folder is a cache: a file that cannot be written there is left out (and
-downloaded again when next needed), with a warning, rather than failing the read.
+GET of 64 MiB. Each part is written into a new file in the folder as it arrives, so a chunk is
+never whole in memory and no buffer is joined from its parts; the file is mapped, checked once
+(the chunk's digest), decoded and handed out, and published under its name once checked.
+Processes sharing the folder (DataLoader workers) take a lock per file while they fetch it,
+so a chunk two of them need is downloaded once. The folder is a cache: a file that cannot be
+written there is left out (and downloaded again when next needed), with a warning, rather than
+failing the read.
 """
 
 from __future__ import annotations
@@ -19,11 +20,10 @@ import logging
 import os
 import zlib
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 
 from ..errors import ChecksumError, CorruptError, MissingDataError, NotFoundError, StorageError
 from ..format.manifest import ChunkFile, ChunkRef, chunk_files
-from ..storage.local import LocalStorage
+from ..storage.local import LocalStorage, Staged
 from .snapshot import ChunkReader, Fetched
 
 logger = logging.getLogger(__name__)
@@ -49,9 +49,9 @@ class ChunkCache:
     ``fetch`` gives what ``ChunkReader.fetch`` gives for all fields, from the folder where
     a chunk is there and from the remote store where not; ``release`` says a chunk is
     finished with, after which it may be evicted (oldest finished first) to keep the folder
-    under ``max_bytes``. With ``copy_reads``, files found in the folder are read into memory
-    rather than mapped: views handed out of a mapped file (a zero-copy snapshot's) would keep
-    its disk space after eviction.
+    under ``max_bytes``. With ``copy_reads``, files are read into memory rather than mapped:
+    views handed out of a mapped file (a zero-copy snapshot's) would keep its disk space
+    after eviction.
     """
 
     def __init__(
@@ -63,8 +63,6 @@ class ChunkCache:
         self._max_bytes = max_bytes
         self._copy_reads = copy_reads
         self._finished: list[str] = []
-        self._writer = ThreadPoolExecutor(1, thread_name_prefix="txstore-cache-write")
-        self._writing: dict[str, Future[None]] = {}  # by path, until its chunk is finished
 
     @property
     def folder(self) -> str:
@@ -72,11 +70,10 @@ class ChunkCache:
 
     def fetch(self, chunk: ChunkRef, version: int) -> Fetched:
         files = chunk_files(chunk)
-        with contextlib.ExitStack() as held:
-            held.enter_context(self._locked(files))
+        with self._locked(files):
             found: list[str] = []
             try:
-                fetched, downloaded = self._fetch(files, chunk, version, found)
+                return self._fetch(files, chunk, version, found)
             except (ChecksumError, CorruptError, MissingDataError):
                 if not found:
                     raise  # all downloaded just now: the store's own copy is damaged
@@ -84,43 +81,89 @@ class ChunkCache:
                 # crash can leave other bytes) or evicted meanwhile: download them all again.
                 for src in files:
                     self.local.delete(src.path)
-                fetched, downloaded = self._fetch(files, chunk, version, None)
-            if downloaded:
-                # The writer releases the lock once the files are in the folder.
-                writing = self._writer.submit(self._keep, downloaded, held.pop_all())
-                self._writing.update(dict.fromkeys(downloaded, writing))
-            return fetched
+                return self._fetch(files, chunk, version, None)
 
     def _fetch(
         self, files: list[ChunkFile], chunk: ChunkRef, version: int, found: list[str] | None
-    ) -> tuple[Fetched, dict[str, bytes]]:
+    ) -> Fetched:
         """The chunk, from the folder where its files are there (their paths added to
-        ``found``) and from the remote store where not (or for all, when ``found`` is None),
-        and the bytes downloaded for the folder, by path."""
+        ``found``) and from the remote store where not (or for all, when ``found`` is None).
+        Files downloaded are written into the folder as their parts arrive, and published
+        there once the chunk's checks have passed."""
         given: dict[str, bytes | memoryview] = {}
-        downloaded: dict[str, bytes] = {}
-        for src in files:
-            data = None if found is None else self._cached(src)
-            if data is not None and found is not None:
-                found.append(src.path)
-            if data is None:
-                data = self.download(src, version)
-                if src.hidden:  # read by frames, from the folder (see ChunkReader.fetch)
-                    self.local.write_unsynced(src.path, data)
-                else:
-                    downloaded[src.path] = data
-            given[src.path] = data
-        fetched = self._reader.fetch(chunk, version, None, True, given)
-        return fetched, downloaded  # checked (the digest, or each frame): worth keeping
-
-    def _keep(self, downloaded: dict[str, bytes], lock: contextlib.ExitStack) -> None:
-        with lock:
-            for path, data in downloaded.items():
+        with contextlib.ExitStack() as staging:
+            staged: list[Staged] = []
+            for src in files:
+                data = None if found is None else self._cached(src)
+                if data is not None and found is not None:
+                    found.append(src.path)
+                if data is None:
+                    into = self._stage(src)
+                    if into is None:
+                        data = self.download(src, version)
+                        if src.hidden:  # read by frames, from the folder (ChunkReader.fetch)
+                            self.local.write_unsynced(src.path, data)
+                    else:
+                        staging.enter_context(into)
+                        data = self._download_into(src, version, into)
+                        if data is None:  # the folder filled up: read into memory instead
+                            data = self.download(src, version)
+                        elif src.hidden:
+                            into.publish()
+                        else:
+                            staged.append(into)
+                given[src.path] = data
+            fetched = self._reader.fetch(chunk, version, None, True, given)
+            for into in staged:  # checked (the digest, or each frame): worth keeping
                 try:
-                    if not self.local.exists(path):
-                        self.local.write_unsynced(path, data)
+                    into.publish()
                 except StorageError as e:
                     logger.warning("chunk not kept in the cache, read again when needed: %s", e)
+        return fetched
+
+    def _stage(self, src: ChunkFile) -> Staged | None:
+        """A new file in the folder for ``src``, or None (with a warning) where there is
+        no room for one: the chunk is then read into memory and not kept."""
+        try:
+            return self.local.stage_unsynced(src.path)
+        except StorageError as e:
+            logger.warning("chunk not kept in the cache, read again when needed: %s", e)
+            return None
+
+    def _download_into(
+        self, src: ChunkFile, version: int, into: Staged
+    ) -> bytes | memoryview | None:
+        """A source's bytes, fetched as parts at once into ``into`` and mapped from there
+        (copied, with ``copy_reads``): never whole in this process's memory, so no 64 MiB
+        buffer is joined from the parts, and the writes are the cache's own copy. None (with
+        a warning, ``into`` discarded) when a part cannot be written (a full disk)."""
+        failed: list[StorageError] = []
+
+        def put(start: int, data: bytes) -> None:
+            if not failed:
+                try:
+                    into.put(start, data)
+                except StorageError as e:
+                    failed.append(e)
+
+        try:
+            self.remote.storage.read_ranges_into(src.path, part_ranges(src.size), put)
+        except NotFoundError:
+            raise self._missing(src, version) from None
+        if failed:
+            logger.warning("chunk not kept in the cache, read again when needed: %s", failed[0])
+            into.discard()
+            return None
+        return bytes(into.view()) if self._copy_reads else into.view()
+
+    def download(self, src: ChunkFile, version: int) -> bytes:
+        """A source's bytes from the remote store, as parts fetched at once."""
+        storage = self.remote.storage
+        try:
+            parts = storage.read_ranges(src.path, part_ranges(src.size))
+        except NotFoundError:
+            raise self._missing(src, version) from None
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def _cached(self, src: ChunkFile) -> bytes | memoryview | None:
         try:
@@ -133,16 +176,10 @@ class ChunkCache:
             logger.warning("chunk not read from the cache, downloaded: %s", e)
             return None
 
-    def download(self, src: ChunkFile, version: int) -> bytes:
-        """A source's bytes from the remote store, as parts fetched at once."""
-        storage = self.remote.storage
-        try:
-            parts = storage.read_ranges(src.path, part_ranges(src.size))
-        except NotFoundError:
-            raise MissingDataError(
-                f"chunk {storage.uri}/{src.path} (version {version}) is missing"
-            ) from None
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+    def _missing(self, src: ChunkFile, version: int) -> MissingDataError:
+        return MissingDataError(
+            f"chunk {self.remote.storage.uri}/{src.path} (version {version}) is missing"
+        )
 
     @contextlib.contextmanager
     def _locked(self, files: list[ChunkFile]) -> Iterator[None]:
@@ -155,10 +192,6 @@ class ChunkCache:
     def release(self, chunk: ChunkRef) -> None:
         """``chunk`` is finished with: evict finished files while the folder is too full."""
         self._finished += [src.path for src in chunk_files(chunk)]
-        for path in self._finished:  # counted and evicted once on disk, not before
-            writing = self._writing.pop(path, None)
-            if writing is not None:
-                writing.result()
         try:
             used = sum(f.size for f in self.local.list("chunks/"))
             while used > self._max_bytes and self._finished:
@@ -170,6 +203,4 @@ class ChunkCache:
             logger.warning("cache folder not trimmed: %s", e)
 
     def close(self) -> None:
-        """Wait for the files being written, then close the folder."""
-        self._writer.shutdown(wait=True)
         self.local.close()

@@ -164,7 +164,9 @@ def main() -> None:
     ratios["scan txstore / one copy (speed)"] = scan["one copy of the values"] / scan["txstore"]
     rng = random.Random(7)
     draws = [[rng.randrange(len(snap)) for _ in range(64)] for _ in range(args.draws)]
-    take_s, getitem_s, lance_s = [], [], []
+    take_s: list[float] = []
+    getitem_s: list[float] = []
+    lance_s: list[float] = []
     for k, indices in enumerate(draws):
         # Each way goes first on half the draws: the first to read a block pays for mapping
         # its pages in, and the second would find them mapped.

@@ -5,8 +5,9 @@
 Each input is the ``--json`` output of one script (bench_append.py, its --commit-latency part,
 bench_optimize.py, bench_read.py, bench_fields.py, bench_remote.py, bench_tokens.py,
 bench_scale.py, bench_arrow.py, bench_import.py, bench_writers.py); the script that wrote it
-is in its ``script`` field. A section appears for every kind of report given; the plots need
-matplotlib (in the bench venv, never a txstore dependency).
+is in its ``script`` field. A section appears for every kind of report given (several reports
+of one kind: see ``generate``); the plots need matplotlib (in the bench venv, never a txstore
+dependency).
 """
 
 # ruff: noqa: RUF001, RUF002  (the report writes the multiplication sign on purpose)
@@ -468,48 +469,70 @@ SCALE_FIGURES = (
 
 def scale_section(report: Report, plots: Plots) -> str:
     rows_in = report["rows"]
+    runs = report.get("runs", [report])
+    tagged = len(runs) > 1  # rows of several runs (merged_scale): each says which
     backends = sorted({r["backend"] for r in rows_in})
-    headers = ["backend", "versions", "chunks", "manifest B"]
+    headers = ["backend", "versions"] + (["run"] if tagged else []) + ["chunks", "manifest B"]
     headers += [f"{label} ms" for _, label in SCALE_FIGURES] + ["commit ÷ ref"]
     rows = []
-    for r in sorted(rows_in, key=lambda r: (r["backend"], r["versions"])):
-        cells = [r["backend"], f"{r['versions']:,}", f"{r['chunks']:,}"]
-        cells.append(f"{r['manifest_bytes']:,}")
+    for r in sorted(rows_in, key=lambda r: (r["backend"], r["versions"], r.get("run", 0))):
+        cells = [r["backend"], f"{r['versions']:,}"] + ([str(r["run"])] if tagged else [])
+        cells += [f"{r['chunks']:,}", f"{r['manifest_bytes']:,}"]
         for key, _ in SCALE_FIGURES:
             value = r.get(key)
             cells.append("-" if value is None else f"{value['median']:.2f}")
         cells.append(x(r["commit_ms"]["median"] / r["commit_reference_ms"]["median"]))
         rows.append(cells)
     ratio_rows = [
-        [e["backend"], f"{e['versions']:,}"] + [x(e.get(key)) for key, _ in SCALE_FIGURES]
-        for e in report["ratios"]
+        [e["backend"], f"{e['versions']:,}"]
+        + ([str(e["run"])] if tagged else [])
+        + [x(e.get(key)) for key, _ in SCALE_FIGURES]
+        for e in sorted(report["ratios"], key=lambda e: (e["backend"], e["versions"]))
     ]
-    runs = report.get("repeat")
+    ratio_headers = ["backend", "versions"] + (["run"] if tagged else [])
+    ratio_headers += [label for _, label in SCALE_FIGURES]
+    repeats = ", ".join(str(r.get("repeat")) for r in runs)
+    which = ""
+    if tagged:
+        which = "\n\nRuns (`run` in the tables):\n\n" + "\n".join(
+            f"{n}. `bench_scale.py {strip_paths(' '.join(r.get('argv', [])))}`, txstore "
+            f"`{r['machine'].get('txstore_revision', '?')}`, started "
+            f"{r['machine'].get('started', '?')}"
+            for n, r in enumerate(runs, start=1)
+        )
     text = f"""## Metadata at scale: operations against history length
 
 `bench_scale.py`: stores of each history length, every version adding
-{report["chunks_per_version"]} chunk references, local disk and memory. Medians of {runs} runs
+{report["chunks_per_version"]} chunk references, local disk and memory. Medians of {repeats} runs
 (expire, vacuum and verify: one run each); the commit is a one-sample append, each interleaved
 with one to a fresh 10-version store on the same backend (`commit ÷ ref`: machine noise hits
 both alike). `vacuum incremental` (`vacuum(incremental=True)`) runs after the expire, its
 state made by a first run before the timed commits (that first run reads the history once),
 so it compares the versions committed since; `vacuum exact` (the default `vacuum()`) runs
-after it. How the history is built is in the script's docstring.
+after it. How the history is built is in the script's docstring.{which}
 
 {table(headers, rows)}
 
-Against the same backend's figure at the shortest history (the targets: commit, open, lookup,
-log and time travel within 1.5×):
+Against the same backend's figure at the shortest history in the same run (the targets:
+commit, open, lookup, log and time travel within 1.5×):
 
-{table(["backend", "versions"] + [label for _, label in SCALE_FIGURES], ratio_rows)}
+{table(ratio_headers, ratio_rows)}
 """
+
+    def sizes(backend: str) -> list[Row]:
+        """One row per history length for the plot: the run with the most rows, then the
+        others' lengths it lacks."""
+        base = max(runs, key=lambda r: len(r["rows"]))
+        mine = {r["versions"]: r for r in base["rows"] if r["backend"] == backend}
+        for r in rows_in:
+            if r["backend"] == backend:
+                mine.setdefault(r["versions"], r)
+        return [mine[v] for v in sorted(mine)]
 
     def draw(plt: Any) -> Any:
         fig, axes = plt.subplots(1, len(backends), figsize=(6 * len(backends), 4.5), squeeze=False)
         for ax, backend in zip(axes[0], backends, strict=True):
-            mine = sorted(
-                (r for r in rows_in if r["backend"] == backend), key=lambda r: r["versions"]
-            )
+            mine = sizes(backend)
             versions = [r["versions"] for r in mine]
             for key, label in SCALE_FIGURES:
                 values = [r[key]["median"] if r.get(key) else None for r in mine]
@@ -1368,6 +1391,23 @@ def merged_remote(reports: Sequence[Report]) -> tuple[Report, list[Report]]:
     return merged, list(ordered)
 
 
+def merged_scale(reports: Sequence[Report]) -> tuple[Report, list[Report]]:
+    """One scale report from several runs (a run of every size on both backends, another of
+    the longest history alone): every row and ratio kept, tagged with its run (numbered
+    oldest first), since each run's ratios are to its own shortest history. The settings
+    are those of the run with the most rows. Also the runs, oldest first."""
+    ordered = sorted(reports, key=lambda r: r["machine"].get("started", ""))
+    merged = dict(max(ordered, key=lambda r: len(r["rows"])))
+    merged["rows"] = [
+        row | {"run": n} for n, report in enumerate(ordered, start=1) for row in report["rows"]
+    ]
+    merged["ratios"] = [
+        row | {"run": n} for n, report in enumerate(ordered, start=1) for row in report["ratios"]
+    ]
+    merged["runs"] = ordered
+    return merged, list(ordered)
+
+
 def merged_reconcile(reports: Sequence[Report]) -> tuple[Report, list[Report]]:
     """One reconcile_w2 report: the newest run's rows replace those of the same measurement
     in the runs before it (a run of some layouts or tasks, each with its peers in it), each
@@ -1397,6 +1437,10 @@ def generate(reports: Sequence[Report], plots: Plots, inputs: Sequence[Path]) ->
     if len(remotes) > 1:
         by_kind["remote"], runs = merged_remote(remotes)
         used = [r for r in used if kind(r) != "remote"] + runs
+    scales = [r for r in reports if kind(r) == "scale"]
+    if len(scales) > 1:
+        by_kind["scale"], runs = merged_scale(scales)
+        used = [r for r in used if kind(r) != "scale"] + runs
     reconciles = [r for r in reports if kind(r) == "reconcile_w2"]
     if len(reconciles) > 1:
         by_kind["reconcile_w2"], runs = merged_reconcile(reconciles)

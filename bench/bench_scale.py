@@ -1,7 +1,8 @@
 """Metadata at scale: txstore's operations against the length of the history.
 
 For each history length (10, 1,000, 10,000, 100,000 versions; 1,000,000 with --million;
---quick stops at 10,000) and each backend (a local directory and memory://), a store is built
+--quick stops at 10,000) and each backend (a local directory and memory://; S3 with
+``--backends s3``, a moto_server process of its own), a store is built
 whose every version adds --chunks-per-version chunk references (10), then these are timed:
 
 - commit: a one-sample ``append`` (a real chunk written and committed), each interleaved with
@@ -29,8 +30,9 @@ of the history names its chunk ``--chunks-per-version`` times, so chunk files ar
 and every sample of every version is readable (each reference is to a real one-sample chunk).
 For the local backend the built store's objects (manifests, segments, txn markers, HEAD,
 refs) are then copied byte for byte into a directory, followed by one ``os.sync()``:
-the same files the commits would have left, without one fsync per file. Timed operations run
-on the real backends with nothing skipped.
+the same files the commits would have left, without one fsync per file; for S3, into a prefix
+of the bucket, 16 objects at a time. Timed operations run on the real backends with nothing
+skipped.
 """
 
 from __future__ import annotations
@@ -45,17 +47,20 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 from txbench.output import finish_report, new_report
+from txbench.servers import S3Server, start_moto
 from txbench.system import default_workdir, machine_info, print_machine
 
 SIZES = (10, 1_000, 10_000, 100_000)
 QUICK_SIZES = (10, 1_000, 10_000)
 MILLION = 1_000_000
-BACKENDS = ("local", "memory")
+BACKENDS = ("local", "memory", "s3")
+DEFAULT_BACKENDS = ("local", "memory")
 REFERENCE_VERSIONS = 10
 
 #: The figures each size reports, in table order: (key, what).
@@ -119,6 +124,17 @@ def copy_to_directory(store: Any, root: Path) -> int:
     return count
 
 
+def copy_to_s3(store: Any, uri: str, options: dict[str, Any]) -> int:
+    """Every object of ``store`` written under ``uri`` (an S3 prefix); returns the count."""
+    from txstore.storage import open_storage
+
+    source, target = store.storage, open_storage(uri, options)
+    keys = [info.key for info in source.list("")]
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda key: target.write(key, source.read(key)), keys))
+    return len(keys)
+
+
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     start = time.perf_counter()
     result = fn()
@@ -140,19 +156,26 @@ def summary(values: Sequence[float]) -> dict[str, Any]:
 
 
 def measure(
-    uri: str, reference_uri: str, history: int, repeat: int, rng: random.Random
+    uri: str,
+    reference_uri: str,
+    history: int,
+    repeat: int,
+    rng: random.Random,
+    options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The figures on the store at ``uri`` (``history`` versions built, txn ids as above)."""
+    """The figures on the store at ``uri`` (``history`` versions built, txn ids as above),
+    opened with ``options`` (its backend's storage options)."""
     import txstore
     from txstore.store.incremental import state_size
 
-    store = txstore.open(uri)
-    reference = txstore.open(reference_uri)
+    open_ = partial(txstore.open, storage_options=options)
+    store = open_(uri)
+    reference = open_(reference_uri)
     store.append([sample(1)])  # untimed: the backend check, first imports
     reference.append([sample(1)])
     out: dict[str, Any] = {}
     # The incremental vacuum's first run reads the whole history once: its state for later.
-    ms, first = timed(lambda: txstore.open(uri).vacuum(grace=0, incremental=True))
+    ms, first = timed(lambda: open_(uri).vacuum(grace=0, incremental=True))
     if first.files:
         raise RuntimeError(f"the first incremental vacuum deleted {len(first.files)} files")
     out["vacuum_incr_first_ms"] = summary([ms])
@@ -169,7 +192,7 @@ def measure(
     out["commit_reference_ms"] = summary(references)
 
     def open_locate() -> Any:
-        snap = txstore.open(uri).snapshot()
+        snap = open_(uri).snapshot()
         return snap[rng.randrange(len(snap))]
 
     out["open_locate_ms"] = summary([timed(open_locate)[0] for _ in range(repeat)])
@@ -185,7 +208,7 @@ def measure(
 
     logs = []
     for _ in range(repeat):
-        fresh = txstore.open(uri)
+        fresh = open_(uri)
         ms, entries = timed(partial(fresh.log, limit=20))
         if len(entries) != min(20, fresh.version + 1):
             raise RuntimeError(f"log(limit=20) gave {len(entries)} entries")
@@ -195,7 +218,7 @@ def measure(
     travels = []
     latest = store.version
     for _ in range(repeat):
-        fresh = txstore.open(uri)
+        fresh = open_(uri)
         v = rng.randint(1, latest - 1)
 
         def travel(f: Any = fresh, v: int = v) -> Any:
@@ -209,17 +232,17 @@ def measure(
     latest = store.version
     expire_count = max(1, history // 100)
     keep_last = latest + 1 - expire_count
-    ms, report = timed(lambda: txstore.open(uri).expire(keep_last=keep_last))
+    ms, report = timed(lambda: open_(uri).expire(keep_last=keep_last))
     out["expire_ms"] = summary([ms])
     out["expired_versions"] = len(report.expired)
-    ms, vac = timed(lambda: txstore.open(uri).vacuum(grace=0, incremental=True))
+    ms, vac = timed(lambda: open_(uri).vacuum(grace=0, incremental=True))
     out["vacuum_incr_ms"] = summary([ms])
     out["vacuum_incr_deleted_files"] = len(vac.files)
-    out["vacuum_incr_state_files"] = state_size(txstore.open(uri).storage)
-    ms, vac = timed(lambda: txstore.open(uri).vacuum(grace=0))
+    out["vacuum_incr_state_files"] = state_size(open_(uri).storage)
+    ms, vac = timed(lambda: open_(uri).vacuum(grace=0))
     out["vacuum_ms"] = summary([ms])
     out["vacuum_deleted_files"] = len(vac.files)
-    ms, ver = timed(lambda: txstore.open(uri).verify(quick=True))
+    ms, ver = timed(lambda: open_(uri).verify(quick=True))
     if ver.problems:
         raise RuntimeError(f"verify found problems: {ver.problems[:3]}")
     out["verify_ms"] = summary([ms])
@@ -231,7 +254,13 @@ def measure(
 
 
 def run_size(
-    history: int, backends: Sequence[str], chunks: int, repeat: int, workdir: Path, seed: int
+    history: int,
+    backends: Sequence[str],
+    chunks: int,
+    repeat: int,
+    workdir: Path,
+    seed: int,
+    s3: S3Server | None,
 ) -> list[dict[str, Any]]:
     rows = []
     built, build_s = build_history(f"memory://{memory_name()}", history, chunks)
@@ -239,17 +268,23 @@ def run_size(
     run_dir = Path(tempfile.mkdtemp(prefix="txstore-scale-", dir=workdir))
     try:
         for backend in backends:
-            copy_s = 0.0
+            options = None
+            start = time.perf_counter()
             if backend == "local":
-                start = time.perf_counter()
                 copy_to_directory(built, run_dir / "store")
                 copy_to_directory(reference, run_dir / "reference")
-                copy_s = time.perf_counter() - start
                 uri, ref_uri = str(run_dir / "store"), str(run_dir / "reference")
+            elif backend == "s3":
+                assert s3 is not None
+                options = s3.options()
+                uri, ref_uri = s3.uri(f"{run_dir.name}/store"), s3.uri(f"{run_dir.name}/ref")
+                copy_to_s3(built, uri, options)
+                copy_to_s3(reference, ref_uri, options)
             else:
                 uri, ref_uri = built.uri, reference.uri
+            copy_s = time.perf_counter() - start if backend != "memory" else 0.0
             rng = random.Random(seed + history)
-            figures = measure(uri, ref_uri, history, repeat, rng)
+            figures = measure(uri, ref_uri, history, repeat, rng, options)
             row = {"backend": backend, "versions": history, "build_s": build_s}
             row.update(copy_s=copy_s, **figures)
             print_row(row)
@@ -300,7 +335,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--million", action="store_true", help="add 1,000,000 versions (a long build)"
     )
     parser.add_argument("--sizes", help="comma-separated history lengths (instead of the above)")
-    parser.add_argument("--backends", default=",".join(BACKENDS), help="local,memory")
+    parser.add_argument(
+        "--backends", default=",".join(DEFAULT_BACKENDS), help="of local, memory, s3 (moto)"
+    )
     parser.add_argument("--chunks-per-version", type=int, default=10)
     parser.add_argument("--repeat", type=int, default=20, help="timed runs per figure")
     parser.add_argument("--seed", type=int, default=1)
@@ -331,10 +368,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{args.repeat} runs per figure (expire, vacuum, verify: one), backends {backends}"
     )
     rows: list[dict[str, Any]] = []
-    for size in sizes:
-        rows += run_size(
-            size, backends, args.chunks_per_version, args.repeat, args.workdir, args.seed
-        )
+    s3 = start_moto() if "s3" in backends else None
+    try:
+        for size in sizes:
+            rows += run_size(
+                size, backends, args.chunks_per_version, args.repeat, args.workdir, args.seed, s3
+            )
+    finally:
+        if s3 is not None:
+            s3.close()
     report["rows"] = rows
     report["ratios"] = ratios(rows)
     print("\neach figure's median against the same backend's at the smallest history:")

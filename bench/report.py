@@ -503,7 +503,8 @@ def scale_section(report: Report, plots: Plots) -> str:
     text = f"""## Metadata at scale: operations against history length
 
 `bench_scale.py`: stores of each history length, every version adding
-{report["chunks_per_version"]} chunk references, local disk and memory. Medians of {repeats} runs
+{report["chunks_per_version"]} chunk references, on {", ".join(backends)} (`s3`: a moto_server
+process on this machine, every request a local round trip). Medians of {repeats} runs
 (expire, vacuum and verify: one run each); the commit is a one-sample append, each interleaved
 with one to a fresh 10-version store on the same backend (`commit ÷ ref`: machine noise hits
 both alike). `vacuum incremental` (`vacuum(incremental=True)`) runs after the expire, its

@@ -458,6 +458,7 @@ SCALE_FIGURES = (
     ("commit_ms", "commit"),
     ("open_locate_ms", "open + [i]"),
     ("txn_lookup_ms", "txn_id lookup"),
+    ("txn_lookup_again_ms", "same lookup again"),
     ("log20_ms", "log(20)"),
     ("time_travel_ms", "old v [i]"),
     ("expire_ms", "expire 1%"),

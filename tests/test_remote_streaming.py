@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 import txstore
-from txstore.store.cache import PART_SIZE, ChunkCache, part_ranges
+from txstore.storage import TEMP_PREFIX
+from txstore.store.cache import PART_SIZE, STALE_PART_S, ChunkCache, part_ranges
 
 from .conftest import S3Server
 from .proxy import Proxy, Rule
@@ -137,6 +138,27 @@ def test_a_folder_that_cannot_take_a_chunk_leaves_it_out_and_reads_on(
     assert len(left_out) == len(snap.chunk_refs()) >= 2
     assert snap.chunk_refs()[0].path in left_out[0]
     assert sorted(p.name for p in folder.iterdir()) == ["chunks", "locks"]
+
+
+def test_a_killed_downloads_part_file_is_removed_once_stale(tmp_path: Path) -> None:
+    """A worker killed mid-download leaves its part file; the next cache on the folder
+    removes it once nothing has written to it for a while, and leaves a part file being
+    written now and every cached chunk alone."""
+    store = txstore.create(str(tmp_path / "store"))
+    store.append({"id": i} for i in range(10))
+    snap = store.snapshot()
+    chunks = tmp_path / "cache" / "chunks"
+    chunks.mkdir(parents=True)
+    stale = chunks / f"{TEMP_PREFIX}{'a' * 32}.{'b' * 32}.chunk"
+    live = chunks / f"{TEMP_PREFIX}{'c' * 32}.{'d' * 32}.chunk"
+    kept = chunks / f"{'e' * 32}.chunk"
+    old = time.time() - STALE_PART_S - 60
+    for path in (stale, live, kept):
+        path.write_bytes(b"part of a chunk")
+    os.utime(stale, (old, old))
+    os.utime(kept, (old, old))
+    ChunkCache(snap.reader, str(tmp_path / "cache"), 10**10).close()
+    assert sorted(p.name for p in chunks.iterdir()) == sorted([live.name, kept.name])
 
 
 def test_a_folder_that_fills_up_during_a_download_reads_the_chunk_on(

@@ -18,12 +18,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 import zlib
 from collections.abc import Iterator
 
 from ..errors import ChecksumError, CorruptError, MissingDataError, NotFoundError, StorageError
 from ..format.manifest import ChunkFile, ChunkRef, chunk_files
 from ..storage.local import LocalStorage, Staged
+from .maintenance import is_temp
 from .snapshot import ChunkReader, Fetched
 
 logger = logging.getLogger(__name__)
@@ -34,6 +36,9 @@ PART_SIZE = 8 * 2**20
 _LOCKS = 64
 #: How long a fetch waits on another process's lock before downloading the file itself.
 _LOCK_TIMEOUT = 120.0
+#: A download's part file untouched this long is a killed worker's (a live download writes
+#: it part by part): removed when a cache opens the folder.
+STALE_PART_S = 3600.0
 
 
 def part_ranges(size: int, part_size: int = PART_SIZE) -> list[tuple[int, int]]:
@@ -63,10 +68,20 @@ class ChunkCache:
         self._max_bytes = max_bytes
         self._copy_reads = copy_reads
         self._finished: list[str] = []
+        self._remove_stale_parts()
 
     @property
     def folder(self) -> str:
         return self.local.root
+
+    def _remove_stale_parts(self) -> None:
+        now = time.time()
+        try:
+            for info in self.local.list("chunks/"):
+                if is_temp(info.key) and now - info.mtime > STALE_PART_S:
+                    self.local.delete(info.key)
+        except StorageError as e:
+            logger.warning("cache folder not cleaned: %s", e)
 
     def fetch(self, chunk: ChunkRef, version: int) -> Fetched:
         files = chunk_files(chunk)

@@ -573,7 +573,7 @@ def read_table(rows: Sequence[Row]) -> str:
     """One workload: every task, cache state and reader; txstore's advantage over each."""
     headers = ["task", "cache", "reader", "samples/s", "MB/s", "p50 µs", "p90 µs", "p99 µs"]
     headers += ["max µs"]
-    headers += ["1st batch s", "peak RSS MB", "txstore ÷ this", "runs"]
+    headers += ["1st batch s", "peak RSS MB", "peak anon MB", "txstore ÷ this", "runs"]
     out = []
     for task, _title, primary in READ_TASKS:
         for cache in ("warm", "cold"):
@@ -602,6 +602,7 @@ def read_table(rows: Sequence[Row]) -> str:
                         fmt(m.get("max_us"), ",.0f"),
                         fmt(m.get("first_batch_s"), ".2f"),
                         fmt(m.get("peak_rss_mb"), ",.0f"),
+                        fmt(m.get("peak_anon_mb"), ",.0f"),
                         x(ratio),
                         spread,
                     ]
@@ -622,7 +623,11 @@ def read_section(report: Report, workers_report: Report | None, plots: Plots) ->
         "DataLoader: 2 workers, batch 64, samples/s over the whole epoch (worker start "
         "included). `txstore ÷ this`: how many times better txstore's `StreamingDataset` is "
         "(samples/s for seq and DataLoader, p50 latency for `ds[i]`; above 1: txstore better). "
-        "Peak RSS sums the process and its workers.\n",
+        "Peak RSS sums the process and its workers (each one's VmHWM); it counts the pages of "
+        "files a reader maps, which txstore does for chunks in the page cache, while a reader "
+        "that copies them with `read` keeps the same pages in the page cache uncounted. Peak "
+        "anon is the largest sum of the processes' anonymous memory (`RssAnon`) at one time: "
+        "what the readers allocate, alike for every reader.\n",
     ]
     for w in workloads:
         parts.append(f"**{w}**\n\n" + read_table([r for r in rows if r["workload"] == w]) + "\n")

@@ -402,6 +402,32 @@ def test_a_frame_whose_offsets_point_outside_its_values_is_corrupt() -> None:
         column_array(backwards, "x", decoder)
 
 
+def test_a_checked_chunk_whose_offset_table_disagrees_is_not_misread(tmp_path: Path) -> None:
+    """A chunk read whole is checked once against its digest, and its frames are then read
+    without their own checksums. Where a frame's offset table disagrees with its values (a
+    buggy writer, its digest made to agree), the values of one size are not cut where the
+    table says: the column is read from the values themselves."""
+    from tests.fuzzing import reseal_data_file
+    from txstore.format.chunk import parse_footer
+
+    root = tmp_path / "s"
+    store = txstore.create(str(root), compression=None, block_bytes=1024)
+    blobs = [bytes([i]) * 64 for i in range(100)]
+    store.append([{"id": i, "blob": b} for i, b in enumerate(blobs)])
+    (chunk,) = store.snapshot().chunk_refs()
+    path = root / chunk.path
+    data = bytearray(path.read_bytes())
+    layout = parse_footer(bytes(data[chunk.footer_offset :]), "test", chunk.footer_offset)
+    blob = layout.columns.index("blob")
+    (frame,) = [f for f in layout.footer.blocks[1].frames if f.column == blob]
+    table = frame.offset + frame.length - 4 * layout.block_samples(1)
+    first = int.from_bytes(data[table : table + 4], "little")
+    data[table : table + 4] = (first + 1).to_bytes(4, "little")  # the first value one byte on
+    path.write_bytes(bytes(data))
+    reseal_data_file(root, chunk.path)
+    assert txstore.open(str(root)).snapshot().to_arrow().column("blob").to_pylist() == blobs
+
+
 def test_values_of_two_sizes_averaging_to_one_read_back(tmp_path: Path) -> None:
     # "" and "ab" encode to 1 and 3 bytes: a block of them looks like values of 2 bytes.
     store = _store(tmp_path)

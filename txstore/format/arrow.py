@@ -28,7 +28,8 @@ Out: ``frame_array`` turns a frame's values into an Arrow array (``Snapshot.to_b
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from itertools import pairwise
 from typing import Any
 
 import msgspec
@@ -501,14 +502,51 @@ def _uniform_array(frames: list[tuple[int, memoryview | None, bool]], decoder: A
         span = table - head
         if size < 0:
             size = span // n
-            if span <= 0 or (raw[head] not in _SIZED_TAGS and raw[head] not in _NUMBER_TAGS):
-                return None
         if size <= 0 or span != size * n:
             return None
         blocks.append(np.frombuffer(raw, dtype=np.uint8, count=span, offset=head).reshape(n, size))
+    return _rows_array(blocks, decoder)
+
+
+def uniform_columns(
+    whole: memoryview, frames: list[tuple[int, int]], counts: list[int], decoder: Any
+) -> Any:
+    """``_uniform_array`` of one column of a chunk held whole (its bytes checked against its
+    digest) whose every block has a raw, dense frame of it: ``frames`` gives each block's
+    frame as (offset, length) in ``whole``, ``counts`` each block's samples. The frames'
+    offset tables are read and checked for all blocks at once, and each block's values are
+    a slice of one array over the chunk: no Python object per frame but that slice."""
+    data = np.frombuffer(whole, dtype=np.uint8)
+    where = np.array(frames, dtype=np.int64).reshape(-1, 2)
+    n = np.array(counts, dtype=np.int64)
+    if len(where) != len(n) or not len(n) or (n <= 0).any():
+        return None
+    offsets, lengths = where[:, 0], where[:, 1]
+    tables = offsets + lengths - 4 * n
+    if (tables < offsets).any() or (offsets + lengths > len(data)).any():
+        return None
+    heads = data[tables[:, None] + np.arange(4)].view("<u4").reshape(-1).astype(np.int64)
+    spans = tables - offsets - heads
+    size = int(spans[0]) // int(n[0])
+    if size <= 0 or (heads < 1).any() or (spans != size * n).any():
+        return None
+    starts = (offsets + heads).tolist()
+    blocks = [
+        data[start : start + rows * size].reshape(rows, size)
+        for start, rows in zip(starts, counts, strict=True)
+    ]
+    return _rows_array(blocks, decoder)
+
+
+def _rows_array(blocks: list[np.ndarray[Any, Any]], decoder: Any) -> Any:
+    """The column of ``blocks`` (each a block's values, a row per value, all rows of one
+    size): see ``_uniform_array``."""
     if not blocks:
         return None
     first = blocks[0][0]
+    if int(first[0]) not in _SIZED_TAGS and int(first[0]) not in _NUMBER_TAGS:
+        return None
+    size = len(first)
     try:
         one = decoder.decode(first)
     except (*msgspec_errors, TxstoreError):  # values of other sizes: the general path says
@@ -765,15 +803,22 @@ def chunk_table(
     block_starts = parts[0][0].block_starts
     num_blocks = len(block_starts) - 1
     columns: dict[str, list[tuple[int, memoryview | None, bool]]] = {}
+    done: dict[str, pa.Array] = {}
+    shown: dict[str, None] = {}  # the columns in the order the blocks first show them
     for number_of_part, (layout, buf, keep) in enumerate(parts):
         check = None if number_of_part < len(checked) and checked[number_of_part] else layout.check
         whole = None if isinstance(buf, Ranges) else memoryview(buf)
         names = layout.columns
+        if whole is not None and check is None:
+            done |= _whole_columns(layout, whole, keep, block_starts, decoder)
         for number, block in enumerate(layout.footer.blocks):
             n = block_starts[number + 1] - block_starts[number]
             for frame in block.frames:
                 name = names[frame.column]
                 if keep is not None and name not in keep:
+                    continue
+                shown.setdefault(name)
+                if name in done:
                     continue
                 offset, length = frame.offset, frame.length
                 stored = (
@@ -793,14 +838,52 @@ def chunk_table(
                         for b in range(num_blocks)
                     ]
                 slots[number] = (n, raw, bool(frame.flags & FLAG_SPARSE))
-    names_out = list(columns)
+    names_out = [name for name in shown if name in done or name in columns]
     try:
-        arrays = [column_array(columns[name], name, decoder) for name in names_out]
+        arrays = [
+            done[name] if name in done else column_array(columns[name], name, decoder)
+            for name in names_out
+        ]
     except msgspec_errors as e:
         raise CorruptError(f"{parts[0][0].where}: a bad frame: {e}") from e
     if not names_out:
         return empty_table(block_starts[-1])
     return pa.Table.from_arrays(arrays, names=names_out)
+
+
+def _whole_columns(
+    layout: Any,
+    whole: memoryview,
+    keep: frozenset[str] | None,
+    block_starts: Sequence[int],
+    decoder: Any,
+) -> dict[str, pa.Array]:
+    """The columns of a whole, checked chunk that ``uniform_columns`` can make: each kept
+    column with a raw, dense frame in every block, of values of one size. Others are left
+    to the frame-by-frame path."""
+    blocks = layout.footer.blocks
+    counts = [b - a for a, b in pairwise(block_starts)]
+    frames: dict[int, list[tuple[int, int]]] = {}
+    refused: set[int] = set()
+    for block in blocks:
+        for f in block.frames:
+            if f.codec or f.flags & FLAG_SPARSE:
+                refused.add(f.column)
+            else:
+                frames.setdefault(f.column, []).append((f.offset, f.length))
+    out: dict[str, pa.Array] = {}
+    for column, found in frames.items():
+        name = layout.columns[column]
+        if (
+            column in refused
+            or len(found) != len(blocks)
+            or (keep is not None and name not in keep)
+        ):
+            continue
+        array = uniform_columns(whole, found, counts, decoder)
+        if array is not None:
+            out[name] = array
+    return out
 
 
 def record_batch(names: list[str], columns: list[list[Any]]) -> pa.RecordBatch:

@@ -411,7 +411,9 @@ def test_sigkill_between_deletions_and_the_state_swap(tmp_path: Path, op: str, a
     assert child.returncode == -9, child.stderr[-2000:]
     assert store.storage.read(STATE_KEY) == old_state  # killed before the swap
     gone = exact - data_keys(store.storage)
-    assert gone if op == "compare_and_swap" else len(gone) == 1
+    # Killed at the second deletion: deletions run on several threads, so the first may not
+    # have finished, or a third may have, when the kill lands; never all of them.
+    assert gone if op == "compare_and_swap" else len(gone) < len(exact)
     assert store.verify(deep=True).ok  # only garbage went
     again = {f.key for f in store.vacuum(grace=0, incremental=True).files}
     assert again == exact - gone  # the rerun finishes the job, the deleted ones forgotten

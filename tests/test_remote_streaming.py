@@ -140,6 +140,25 @@ def test_a_folder_that_cannot_take_a_chunk_leaves_it_out_and_reads_on(
     assert sorted(p.name for p in folder.iterdir()) == ["chunks", "locks"]
 
 
+def test_a_chunk_with_dropped_fields_is_kept_and_read_by_frames(tmp_path: Path) -> None:
+    """A chunk some of whose fields a later version dropped is read by frames, from the
+    folder: its file is in place before its samples are read, and they lack the fields."""
+    store = txstore.create(str(tmp_path / "store"), chunk_bytes=10**5)
+    store.append({"id": i, "pad": os.urandom(500)} for i in range(300))
+    store.drop_fields(["pad"])
+    snap = store.snapshot()
+    cache = ChunkCache(snap.reader, str(tmp_path / "cache"), 10**10)
+    ids = []
+    for chunk in snap.chunk_refs():
+        fetched = cache.fetch(chunk, snap.version)
+        assert (tmp_path / "cache" / chunk.path).stat().st_size == chunk.size
+        samples = list(snap.reader.samples(fetched, chunk, snap.version))
+        assert all(set(s) == {"id"} for s in samples)
+        ids += [s["id"] for s in samples]
+    cache.close()
+    assert ids == list(range(300))
+
+
 def test_a_killed_downloads_part_file_is_removed_once_stale(tmp_path: Path) -> None:
     """A worker killed mid-download leaves its part file; the next cache on the folder
     removes it once nothing has written to it for a while, and leaves a part file being

@@ -508,12 +508,13 @@ def _uniform_array(frames: list[tuple[int, memoryview | None, bool]], decoder: A
     return _rows_array(blocks, decoder)
 
 
-def uniform_columns(
+def _uniform_column(
     whole: memoryview, frames: list[tuple[int, int]], counts: list[int], decoder: Any
 ) -> Any:
     """``_uniform_array`` of one column of a chunk held whole (its bytes checked against its
-    digest) whose every block has a raw, dense frame of it: ``frames`` gives each block's
-    frame as (offset, length) in ``whole``, ``counts`` each block's samples. The frames'
+    digest) whose every block has a raw, dense frame of it (None where one has not):
+    ``frames`` gives each frame as (offset, length) in ``whole``, ``counts`` each block's
+    samples. The frames'
     offset tables are read and checked for all blocks at once, and each block's values are
     a slice of one array over the chunk: no Python object per frame but that slice."""
     data = np.frombuffer(whole, dtype=np.uint8)
@@ -858,14 +859,13 @@ def _whole_columns(
     block_starts: Sequence[int],
     decoder: Any,
 ) -> dict[str, pa.Array]:
-    """The columns of a whole, checked chunk that ``uniform_columns`` can make: each kept
+    """The columns of a whole, checked chunk that ``_uniform_column`` can make: each kept
     column with a raw, dense frame in every block, of values of one size. Others are left
     to the frame-by-frame path."""
-    blocks = layout.footer.blocks
     counts = [b - a for a, b in pairwise(block_starts)]
     frames: dict[int, list[tuple[int, int]]] = {}
     refused: set[int] = set()
-    for block in blocks:
+    for block in layout.footer.blocks:
         for f in block.frames:
             if f.codec or f.flags & FLAG_SPARSE:
                 refused.add(f.column)
@@ -874,13 +874,9 @@ def _whole_columns(
     out: dict[str, pa.Array] = {}
     for column, found in frames.items():
         name = layout.columns[column]
-        if (
-            column in refused
-            or len(found) != len(blocks)
-            or (keep is not None and name not in keep)
-        ):
+        if column in refused or (keep is not None and name not in keep):
             continue
-        array = uniform_columns(whole, found, counts, decoder)
+        array = _uniform_column(whole, found, counts, decoder)
         if array is not None:
             out[name] = array
     return out

@@ -113,20 +113,7 @@ class ChunkCache:
                 if data is not None and found is not None:
                     found.append(src.path)
                 if data is None:
-                    into = self._stage(src)
-                    if into is None:
-                        data = self.download(src, version)
-                        if src.hidden:  # read by frames, from the folder (ChunkReader.fetch)
-                            self.local.write_unsynced(src.path, data)
-                    else:
-                        staging.enter_context(into)
-                        data = self._download_into(src, version, into)
-                        if data is None:  # the folder filled up: read into memory instead
-                            data = self.download(src, version)
-                        elif src.hidden:
-                            into.publish()
-                        else:
-                            staged.append(into)
+                    data = self._download(src, version, staging, staged)
                 given[src.path] = data
             fetched = self._reader.fetch(chunk, version, None, True, given)
             for into in staged:  # checked (the digest, or each frame): worth keeping
@@ -135,6 +122,34 @@ class ChunkCache:
                 except StorageError as e:
                     logger.warning("chunk not kept in the cache, read again when needed: %s", e)
         return fetched
+
+    def _download(
+        self,
+        src: ChunkFile,
+        version: int,
+        staging: contextlib.ExitStack,
+        staged: list[Staged],
+    ) -> bytes | memoryview:
+        """A source's bytes from the remote store, into a new file in the folder (added to
+        ``staged``, to publish once checked; a hidden source's published now, since it is
+        read by frames from the folder: ``ChunkReader.fetch``), or into memory where the
+        folder cannot take it."""
+        into = self._stage(src)
+        data = None
+        if into is not None:
+            staging.enter_context(into)
+            data = self._download_into(src, version, into)
+        if data is None:
+            data = self.download(src, version)
+            if src.hidden:
+                self.local.write_unsynced(src.path, data)
+        elif src.hidden:
+            assert into is not None
+            into.publish()
+        else:
+            assert into is not None
+            staged.append(into)
+        return data
 
     def _stage(self, src: ChunkFile) -> Staged | None:
         """A new file in the folder for ``src``, or None (with a warning) where there is

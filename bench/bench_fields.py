@@ -539,7 +539,8 @@ def print_read_table(results: Sequence[ReadResult]) -> list[dict[str, Any]]:
         fr = {
             "ideal": r.ideal_bytes / f.ideal_bytes,
             "counted": r.counted_bytes / f.counted_bytes,
-            "rchar": r.warm_rchar / f.warm_rchar if f.warm_rchar else None,
+            # None when the full read went through a map, which syscalls do not count.
+            "rchar": r.warm_rchar / f.warm_rchar if f.warm_rchar * 2 >= f.counted_bytes else None,
             "disk": r.cold_read_bytes / f.cold_read_bytes if f.cold_read_bytes else None,
         }
         print(

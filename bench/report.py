@@ -901,7 +901,8 @@ def import_section(report: Report) -> str:
         "`bench_import.py`: samples `{id: int, blob: 100 KiB of random bytes}` written by "
         "`litdata.optimize`, `streaming.MDSWriter` and `pyarrow.parquet` (4 files, 250-row "
         "groups, uncompressed), imported into a new uncompressed store. Each is measured "
-        "against a plain durable copy of its source's files (read, write, fsync) in the same "
+        "against a plain durable copy of its source's files (`shutil.copyfile`, a copy in the "
+        "kernel, and fsync) in the same "
         "run, best of the repeats; Lance's `write_dataset` from the same Parquet files beside "
         "them.\n",
         table(["contender", "samples", "source MB", "MB/s", "÷ plain copy"], rows) + "\n",

@@ -8,6 +8,7 @@ import io
 import json
 import multiprocessing
 import os
+import shutil
 import sys
 import types
 from pathlib import Path
@@ -562,6 +563,31 @@ def test_raw_pil_modes(tmp_path: Path):
         pixels_of(raw(Image.new("CMYK", (2, 2))), "column 'pil'")
     with pytest.raises(txstore.CorruptError):
         pixels_of(raw(Image.fromarray(gray))[:-1], "x")
+
+
+def test_an_index_naming_a_file_outside_its_folder_is_refused(
+    litdata_dir: Path, mds_dir: Path, tmp_path: Path
+):
+    """A dataset's index is foreign input: a file name in it that leads out of the dataset's
+    folder (here to a valid chunk beside it) is refused before anything is read."""
+    for kind, source, key in (("litdata", litdata_dir, "chunks"), ("mds", mds_dir, "shards")):
+        ds, outside = tmp_path / kind / "ds", tmp_path / kind / "outside"
+        shutil.copytree(source, ds)
+        outside.mkdir()
+        index = json.loads((ds / "index.json").read_text())
+        entry = index[key][0]
+        name = entry["filename"] if kind == "litdata" else entry["raw_data"]["basename"]
+        (ds / name).rename(outside / name)
+        if kind == "litdata":
+            entry["filename"] = f"../outside/{name}"
+        else:
+            entry["raw_data"]["basename"] = f"../outside/{name}"
+        (ds / "index.json").write_text(json.dumps(index))
+        importer = txstore.import_litdata if kind == "litdata" else txstore.import_mds
+        dest = tmp_path / kind / "st"
+        with pytest.raises(txstore.CorruptError, match=r"unsafe path '\.\./outside/"):
+            importer(ds, str(dest), num_workers=1, progress=False)
+        assert not (dest / "versions").exists() or not list((dest / "versions").iterdir())
 
 
 def test_bad_index_is_named(tmp_path: Path):

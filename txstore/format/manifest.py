@@ -41,10 +41,11 @@ MAX_TIMESTAMP = 253402300799.0
 Timestamp = Annotated[float, msgspec.Meta(ge=0, le=MAX_TIMESTAMP)]
 
 
-def check_path(path: str, where: str) -> str:
-    """A store-relative path, refused if it could name anything outside the store."""
+def check_path(path: str, where: str, inside: str = "the store root") -> str:
+    """A path relative to a folder (the store's, or an imported dataset's), refused if it
+    could name anything outside that folder."""
     if not _SAFE_PATH.fullmatch(path) or any(p in (".", "..") for p in path.split("/")):
-        raise CorruptError(f"{where} names an unsafe path {path!r} (outside the store root)")
+        raise CorruptError(f"{where} names an unsafe path {path!r} (outside {inside})")
     return path
 
 

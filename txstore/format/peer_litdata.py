@@ -29,7 +29,11 @@ from typing import Any
 import numpy as np
 
 from ..errors import CorruptError, EncodeError, UnsupportedFormatError
+from .manifest import check_path
 from .peer_mds import pixels_of
+
+#: What a file name in an index may not lead out of.
+_FOLDER = "the dataset's folder"
 
 _U32 = struct.Struct("<I")
 _I64 = struct.Struct("<q")
@@ -424,7 +428,9 @@ class Layout:
         #: a lone leaf as field "value"
         self.top = top
 
-    def samples(self, data: bytes, num_items: int, where: str) -> Iterator[dict[str, Any]]:
+    def samples(
+        self, data: bytes | memoryview, num_items: int, where: str
+    ) -> Iterator[dict[str, Any]]:
         view = memoryview(data)
         if len(view) < 4:
             raise CorruptError(f"{where}: {len(view)} bytes, not a LitData chunk")
@@ -483,7 +489,9 @@ _FRAMED_PREFIX = struct.Struct("<8sHHIII")  # magic, version, flags, items, rows
 _FRAME = struct.Struct("<IIQII")  # first item, items, offset, stored length, raw length
 
 
-def classic_chunk(data: bytes, compression: str | None, where: str) -> bytes:
+def classic_chunk(
+    data: bytes | memoryview, compression: str | None, where: str
+) -> bytes | memoryview:
     """A chunk file's bytes as an uncompressed chunk (``[n][offsets][items]``), whichever
     way LitData compressed it (``Layout.compression``)."""
     from .codec import zstd_decompress
@@ -539,6 +547,7 @@ def parse_index(data: bytes, where: str) -> tuple[dict[str, Any], list[dict[str,
     for number, chunk in enumerate(chunks):
         if not isinstance(chunk, dict) or "filename" not in chunk or "chunk_size" not in chunk:
             raise CorruptError(f"{where}, chunk {number}: no filename or chunk_size")
+        check_path(str(chunk["filename"]), f"{where}, chunk {number},", _FOLDER)
     return config, chunks
 
 

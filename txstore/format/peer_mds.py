@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import CorruptError, EncodeError, UnsupportedFormatError
+from .manifest import check_path
 
 _U32 = struct.Struct("<I")
 
@@ -223,6 +224,11 @@ def parse_index(data: bytes, where: str) -> list[dict[str, Any]]:
         lengths = {len(shard[k]) for k in ("column_names", "column_encodings", "column_sizes")}
         if len(lengths) != 1:
             raise CorruptError(f"{at}: column names, encodings and sizes differ in number")
+        try:
+            name = shard_file(shard)[0]
+        except (KeyError, TypeError) as e:
+            raise CorruptError(f"{at}: no file named ({e!r})") from e
+        check_path(name, f"{at},", "the dataset's folder")
     return shards
 
 
@@ -234,7 +240,7 @@ def shard_file(shard: dict[str, Any]) -> tuple[str, str | None]:
     return str(shard["raw_data"]["basename"]), None
 
 
-def decompress(data: bytes, compression: str, where: str) -> bytes:
+def decompress(data: bytes | memoryview, compression: str, where: str) -> bytes:
     """A compressed shard's bytes: zstd, gz and bz2 (brotli and snappy are refused)."""
     algo = compression.split(":", 1)[0]
     try:
@@ -258,7 +264,9 @@ def decompress(data: bytes, compression: str, where: str) -> bytes:
     )
 
 
-def shard_samples(shard: dict[str, Any], data: bytes, where: str) -> Iterator[dict[str, Any]]:
+def shard_samples(
+    shard: dict[str, Any], data: bytes | memoryview, where: str
+) -> Iterator[dict[str, Any]]:
     """The samples of one shard file's (decompressed) bytes."""
     names = shard["column_names"]
     encodings = shard["column_encodings"]

@@ -23,7 +23,7 @@ from ..errors import NotFoundError, StorageError
 from ..format import peer_litdata, peer_mds
 from ..format.manifest import DEFAULT_CHUNK_BYTES
 from ..format.units import parse_size
-from ..storage import Storage, open_storage
+from ..storage import ReusedBuffer, Storage, open_storage
 from ..store.core import Commit
 from ..store.ingest import optimize
 from ..store.progress import ProgressArg
@@ -48,6 +48,14 @@ def _read(storage: Storage, key: str) -> bytes:
         raise NotFoundError(f"{storage.uri}/{key} does not exist") from None
 
 
+def _read_reusing(storage: Storage, key: str, buffer: ReusedBuffer) -> bytes | memoryview:
+    """The whole file, maybe as a view of ``buffer``, valid until its next use."""
+    try:
+        return storage.read_reusing(key, buffer)
+    except NotFoundError:
+        raise NotFoundError(f"{storage.uri}/{key} does not exist") from None
+
+
 def _workers(
     num_workers: int | None,
     inputs: int,
@@ -57,7 +65,7 @@ def _workers(
     options: Any,
 ) -> int:
     """Worker processes by default: one per core, but no more than there are chunks' worth
-    of source bytes, since each worker ends with a part-filled chunk the parent re-packs
+    of source bytes, since each worker ends with a part-filled chunk the parent may re-pack
     (for a small dataset that costs more than the parallel reads save)."""
     if num_workers is not None:
         return max(1, num_workers)
@@ -93,17 +101,22 @@ class _File:
 
 
 class _LitDataChunk:
-    """Reads one LitData chunk file into samples (the function ``optimize`` maps)."""
+    """Reads one LitData chunk file into samples (the function ``optimize`` maps). Each
+    process reads its files into one buffer: the parsers copy every value out of it (bytes,
+    str, numbers, arrays that own their memory), and a fresh buffer a file cost more than
+    the copy into it."""
 
     def __init__(self, uri: str, options: dict[str, Any] | None, config: dict[str, Any]) -> None:
         self.uri, self.options = uri, options
         self.layout = peer_litdata.Layout(config, f"{uri}/index.json")
+        self.buffer = ReusedBuffer()
 
     def __call__(self, file: _File) -> list[dict[str, Any]]:
         storage = _source(self.uri, self.options)
         name, chunk = file.name, file.entry
         where = f"{self.uri}/{name}"
-        data = peer_litdata.classic_chunk(_read(storage, name), self.layout.compression, where)
+        raw = _read_reusing(storage, name, self.buffer)
+        data = peer_litdata.classic_chunk(raw, self.layout.compression, where)
         return list(self.layout.samples(data, int(chunk["chunk_size"]), where))
 
 
@@ -163,17 +176,19 @@ def import_litdata(
 
 
 class _MdsShard:
-    """Reads one MDS shard file into samples (the function ``optimize`` maps)."""
+    """Reads one MDS shard file into samples (the function ``optimize`` maps), as
+    ``_LitDataChunk`` reads a chunk."""
 
     def __init__(self, uri: str, options: dict[str, Any] | None) -> None:
         self.uri, self.options = uri, options
+        self.buffer = ReusedBuffer()
 
     def __call__(self, file: _File) -> list[dict[str, Any]]:
         storage = _source(self.uri, self.options)
         shard = file.entry
         name, compression = peer_mds.shard_file(shard)
         where = f"{self.uri}/{name}"
-        data = _read(storage, name)
+        data = _read_reusing(storage, name, self.buffer)
         if compression is not None:
             data = peer_mds.decompress(data, compression, where)
         return list(peer_mds.shard_samples(shard, data, where))

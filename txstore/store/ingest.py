@@ -2,10 +2,11 @@
 
 Each worker process takes a contiguous share of the inputs and writes full chunks for a staged
 transaction; the partly filled chunk each worker ends with is handed back, and the parent
-re-packs those tails into full chunks, so the result's chunks are full whatever the number of
-workers. Nothing is visible until the single commit at the end, and a new store is made only
-then; if ``fn`` fails on an input, the error names it, every chunk written is deleted and
-nothing is committed.
+re-packs those of them less than half full into full chunks, so every chunk but the last is at
+least half full whatever the number of workers (re-packing fuller ones would rewrite up to a
+chunk per worker, a fifth of a 2-worker import of 500 MB, to save one chunk). Nothing is
+visible until the single commit at the end, and a new store is made only then; if ``fn`` fails
+on an input, the error names it, every chunk written is deleted and nothing is committed.
 """
 
 from __future__ import annotations
@@ -239,10 +240,10 @@ def _shares(n: int, workers: int) -> list[tuple[int, int]]:
 def _repack_tails(
     storage: Storage, handle: TransactionHandle, parts: list[StagedPart], own: list[StagedPart]
 ) -> list[StagedPart]:
-    """Move each part's last, partly filled chunk into full chunks written here (a part added
-    to ``own``)."""
+    """Move each part's last chunk, when it is less than half full, into full chunks written
+    here (a part added to ``own``)."""
     limit = handle.config.chunk_bytes
-    tails = [p.chunks[-1] for p in parts if p.chunks and p.chunks[-1].size < limit]
+    tails = [p.chunks[-1] for p in parts if p.chunks and p.chunks[-1].size < limit // 2]
     if len(tails) < 2:
         return parts
     tail_paths = {c.path for c in tails}

@@ -590,6 +590,73 @@ def test_an_index_naming_a_file_outside_its_folder_is_refused(
         assert not (dest / "versions").exists() or not list((dest / "versions").iterdir())
 
 
+def _first_fixed(shard: dict[str, Any]) -> int:
+    return next(k for k, size in enumerate(shard["column_sizes"]) if size == 8)
+
+
+def _each_shard(edit: Any) -> Any:
+    return lambda index: [edit(shard) for shard in index["shards"]]
+
+
+HOSTILE_INDEXES = [
+    ("litdata", lambda ix: ix["chunks"][0].update(chunk_size="18"), r"chunk_size '18' is not"),
+    ("litdata", lambda ix: ix["chunks"][0].update(filename=5), r"filename 5 or chunk_size"),
+    (
+        "litdata",
+        lambda ix: ix["config"].update(data_format=[5] * len(ix["config"]["data_format"])),
+        r"data_format is not a list of serializer names",
+    ),
+    ("mds", lambda ix: ix["shards"][0].update(samples="15"), r"samples '15' is not a count"),
+    ("mds", lambda ix: ix["shards"][0]["raw_data"].update(basename=5), r"file name 5 is not"),
+    (
+        "mds",
+        _each_shard(lambda sh: sh["column_encodings"].__setitem__(0, 5)),
+        r"column name or encoding is not a str",
+    ),
+    # Two that were imported: a value silently lost, and every value shifted.
+    (
+        "mds",
+        _each_shard(lambda sh: sh["column_names"].__setitem__(1, sh["column_names"][0])),
+        r"a column name appears twice",
+    ),
+    (
+        "mds",
+        _each_shard(lambda sh: sh["column_sizes"].__setitem__(_first_fixed(sh), 4)),
+        r"column 'f64' of encoding 'float64' takes 8 bytes, the index says 4",
+    ),
+]
+
+
+@pytest.mark.parametrize(("kind", "edit", "message"), HOSTILE_INDEXES)
+def test_a_hostile_index_is_refused_and_nothing_committed(
+    kind: str, edit: Any, message: str, litdata_dir: Path, mds_dir: Path, tmp_path: Path
+):
+    ds = tmp_path / "ds"
+    shutil.copytree(litdata_dir if kind == "litdata" else mds_dir, ds)
+    index = json.loads((ds / "index.json").read_text())
+    edit(index)
+    (ds / "index.json").write_text(json.dumps(index))
+    importer = txstore.import_litdata if kind == "litdata" else txstore.import_mds
+    with pytest.raises(txstore.TxstoreError, match=message):
+        importer(ds, str(tmp_path / "st"), num_workers=1, progress=False)
+    assert not (tmp_path / "st" / "versions").exists()
+
+
+def test_an_mds_sample_longer_than_its_columns_is_corrupt():
+    """Bytes left after a sample's columns mean the index's sizes are not the file's."""
+    from txstore.format import peer_mds
+
+    def shard_bytes(sample: bytes) -> bytes:  # one sample: [n][2 offsets][sample]
+        return b"".join(x.to_bytes(4, "little") for x in (1, 12, 12 + len(sample))) + sample
+
+    shard = {"column_names": ["a"], "column_encodings": ["bytes"], "column_sizes": [None],
+             "samples": 1}  # fmt: skip
+    size = (2).to_bytes(4, "little")
+    assert list(peer_mds.shard_samples(shard, shard_bytes(size + b"ab"), "x")) == [{"a": b"ab"}]
+    with pytest.raises(txstore.CorruptError, match="sample 0 has 2 bytes after its columns"):
+        list(peer_mds.shard_samples(shard, shard_bytes(size + b"abzz"), "x"))
+
+
 def test_bad_index_is_named(tmp_path: Path):
     (tmp_path / "ds").mkdir()
     (tmp_path / "ds" / "index.json").write_text("{not json")

@@ -414,6 +414,8 @@ class Layout:
         self.compression: str | None = level if compression else None
         self.spec = parse_spec(config.get("data_spec"), where)
         formats = config.get("data_format") or []
+        if not isinstance(formats, list) or not all(isinstance(f, str) for f in formats):
+            raise CorruptError(f"{where}: data_format is not a list of serializer names")
         if len(formats) != self.spec.leaves:
             raise CorruptError(
                 f"{where}: {len(formats)} data_format entries for {self.spec.leaves} leaves"
@@ -547,7 +549,13 @@ def parse_index(data: bytes, where: str) -> tuple[dict[str, Any], list[dict[str,
     for number, chunk in enumerate(chunks):
         if not isinstance(chunk, dict) or "filename" not in chunk or "chunk_size" not in chunk:
             raise CorruptError(f"{where}, chunk {number}: no filename or chunk_size")
-        check_path(str(chunk["filename"]), f"{where}, chunk {number},", _FOLDER)
+        name, size = chunk["filename"], chunk["chunk_size"]
+        if not isinstance(name, str) or type(size) is not int or size < 0:
+            raise CorruptError(
+                f"{where}, chunk {number}: filename {name!r} or chunk_size {size!r} is not a "
+                "file name and a count"
+            )
+        check_path(name, f"{where}, chunk {number},", _FOLDER)
     return config, chunks
 
 

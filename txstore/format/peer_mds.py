@@ -221,23 +221,51 @@ def parse_index(data: bytes, where: str) -> list[dict[str, Any]]:
         for key in ("column_names", "column_encodings", "column_sizes", "samples", "raw_data"):
             if key not in shard:
                 raise CorruptError(f"{at}: no {key!r}")
-        lengths = {len(shard[k]) for k in ("column_names", "column_encodings", "column_sizes")}
-        if len(lengths) != 1:
+        names, encodings, sizes = (
+            shard[k] for k in ("column_names", "column_encodings", "column_sizes")
+        )
+        if not all(isinstance(x, list) for x in (names, encodings, sizes)):
+            raise CorruptError(f"{at}: column names, encodings and sizes are not lists")
+        if len({len(names), len(encodings), len(sizes)}) != 1:
             raise CorruptError(f"{at}: column names, encodings and sizes differ in number")
+        if not all(isinstance(x, str) for x in (*names, *encodings)):
+            raise CorruptError(f"{at}: a column name or encoding is not a str")
+        if len(set(names)) != len(names):
+            raise CorruptError(f"{at}: a column name appears twice")
+        if not all(x is None or (type(x) is int and x >= 0) for x in sizes):
+            raise CorruptError(f"{at}: a column size is neither a byte count nor null")
+        for name, encoding, size in zip(names, encodings, sizes, strict=True):
+            width = 8 if encoding == "int" else _scalar_width(encoding)
+            if width is not None and size != width:
+                raise CorruptError(
+                    f"{at}: column {name!r} of encoding {encoding!r} takes {width} bytes, the "
+                    f"index says {size}"
+                )
+        if type(shard["samples"]) is not int or shard["samples"] < 0:
+            raise CorruptError(f"{at}: samples {shard['samples']!r} is not a count")
         try:
             name = shard_file(shard)[0]
         except (KeyError, TypeError) as e:
             raise CorruptError(f"{at}: no file named ({e!r})") from e
+        if not isinstance(name, str):
+            raise CorruptError(f"{at}: its file name {name!r} is not a str")
         check_path(name, f"{at},", "the dataset's folder")
     return shards
+
+
+def _scalar_width(encoding: str) -> int | None:
+    """The bytes a value of a fixed-size numeric encoding takes (None: not one)."""
+    dtype = SCALARS.get(encoding)
+    return None if dtype is None else np.dtype(dtype).itemsize
 
 
 def shard_file(shard: dict[str, Any]) -> tuple[str, str | None]:
     """The file to read for a shard and the compression it is in (None: raw)."""
     zipped = shard.get("zip_data")
+    # The names as the index has them: parse_index refuses one that is not a str.
     if shard.get("compression") and zipped:
-        return str(zipped["basename"]), str(shard["compression"])
-    return str(shard["raw_data"]["basename"]), None
+        return zipped["basename"], str(shard["compression"])
+    return shard["raw_data"]["basename"], None
 
 
 def decompress(data: bytes | memoryview, compression: str, where: str) -> bytes:
@@ -292,8 +320,13 @@ def shard_samples(
             length = sample_sizes.pop(0) if size is None else size
             if at + length > end:
                 raise CorruptError(f"{where}: sample {i}, column {name!r} runs past the sample")
-            out[name] = decode(view[at : at + length])
+            try:
+                out[name] = decode(view[at : at + length])
+            except (ValueError, IndexError, KeyError, struct.error) as e:  # UnicodeDecodeError too
+                raise CorruptError(f"{where}: sample {i}, column {name!r}: {e}") from e
             at += length
+        if at != end:  # sizes that do not match the columns' bytes (as a wrong index makes)
+            raise CorruptError(f"{where}: sample {i} has {end - at} bytes after its columns")
         yield out
 
 

@@ -199,6 +199,20 @@ def test_litdata_rows_in_an_arrow_footer(tmp_path: Path):
         _same_samples(litdata.StreamingDataset(str(out)), want)  # what LitData itself reads
 
 
+def test_litdata_arrow_rows_with_a_bad_string_are_corrupt(tmp_path: Path):
+    """The Arrow rows are checked whole (offsets, UTF-8) before they are read: a string made
+    invalid UTF-8 raised UnicodeDecodeError from inside pyarrow."""
+    out = tmp_path / "ds"
+    litdata.optimize(fn=litdata_plain, inputs=list(range(40)), output_dir=str(out),
+                     chunk_bytes="1KB", num_workers=1)  # fmt: skip
+    first = sorted(out.glob("chunk-*.bin"))[0]
+    data = first.read_bytes()
+    at = data.index(b"t0")  # the text of sample 0, in the Arrow rows
+    first.write_bytes(data[:at] + b"\xff" + data[at + 1 :])
+    with pytest.raises(txstore.TxstoreError, match=r"bad Arrow IPC block.*Invalid UTF8"):
+        txstore.import_litdata(out, str(tmp_path / "st"), num_workers=1, progress=False)
+
+
 def test_litdata_pickle_is_refused_naming_the_field(tmp_path: Path):
     out = tmp_path / "pds"
     litdata.optimize(fn=litdata_pickled, inputs=list(range(3)), output_dir=str(out),

@@ -754,6 +754,9 @@ def ipc_rows(data: bytes | memoryview, where: str) -> list[dict[str, Any]]:
             table = reader.read_all()
         else:
             table = pa.ipc.open_stream(source).read_all()
+        # Offsets within their buffers, strings UTF-8: to_pylist trusts both (a bad offset
+        # raised SystemError, a bad string UnicodeDecodeError).
+        table.validate(full=True)
     except (pa.ArrowInvalid, OSError) as e:
         raise CorruptError(f"{where}: a bad Arrow IPC block: {e}") from e
     rows: list[dict[str, Any]] = table.to_pylist()

@@ -789,6 +789,59 @@ def _check_lance(path: Path, count: int) -> None:
         raise SystemExit(f"lance: id2 is wrong in {path}")
 
 
+def _read_id_txstore(path: Path) -> float:
+    """``to_arrow(fields=["id"])`` on a store opened now (footers not yet read)."""
+    import txstore
+
+    store = txstore.open(str(path))
+    start = time.perf_counter()
+    table = store.snapshot().to_arrow(fields=["id"])
+    seconds = time.perf_counter() - start
+    assert table.num_rows > 0
+    return seconds
+
+
+def _read_id_lance(path: Path) -> float:
+    import lance
+
+    start = time.perf_counter()
+    table = lance.dataset(str(path)).to_table(columns=["id"])
+    seconds = time.perf_counter() - start
+    assert table.num_rows > 0
+    return seconds
+
+
+def _id_frames(path: Path) -> list[tuple[str, list[tuple[int, int]]]]:
+    """Each chunk file of the store and the (offset, length) of its id frames."""
+    import txstore
+    from txstore.format.chunk import parse_footer
+
+    snap = txstore.open(str(path)).snapshot()
+    out = []
+    for chunk in snap.chunk_refs():
+        file = path / chunk.path
+        data = file.read_bytes()
+        layout = parse_footer(memoryview(data)[chunk.footer_offset :], str(file))
+        column = layout.columns.index("id")
+        blocks = layout.footer.blocks
+        frames = [(f.offset, f.length) for b in blocks for f in b.frames if f.column == column]
+        out.append((str(file), frames))
+    return out
+
+
+def _read_id_frames(frames: list[tuple[str, list[tuple[int, int]]]]) -> float:
+    """The floor under any reader of id in this layout: one pread per frame, nothing else."""
+    start = time.perf_counter()
+    for name, spans in frames:
+        fd = os.open(name, os.O_RDONLY)
+        try:
+            for offset, length in spans:
+                os.pread(fd, length, offset)
+        finally:
+            os.close(fd)
+    return time.perf_counter() - start
+
+
 def vs_lance(args: argparse.Namespace, started: float) -> int:
     import lance
 
@@ -826,6 +879,17 @@ def vs_lance(args: argparse.Namespace, started: float) -> int:
                         checks[system](copy, count)
                 finally:
                     shutil.rmtree(copy.parent, ignore_errors=True)
+        # Reading id alone, warm: where the add's time goes, and what bounds it.
+        frames = _id_frames(bases["txstore"])
+        reads: dict[str, Callable[[], float]] = {
+            "txstore to_arrow(fields=['id'])": partial(_read_id_txstore, bases["txstore"]),
+            "lance to_table(columns=['id'])": partial(_read_id_lance, bases["lance"]),
+            "one pread per id frame (no decode)": partial(_read_id_frames, frames),
+        }
+        read_times: dict[str, list[float]] = {name: [] for name in reads}
+        for _ in range(args.repeat):
+            for name, read in reads.items():
+                read_times[name].append(read())
     finally:
         shutil.rmtree(base_dir, ignore_errors=True)
     medians = {name: statistics.median(t) for name, t in times.items()}
@@ -840,9 +904,18 @@ def vs_lance(args: argparse.Namespace, started: float) -> int:
     best = lance_s / medians["txstore (Arrow batch)"]
     verdict = "met" if best >= VS_LANCE_TARGET else "NOT met"
     print(f"target: txstore (same Arrow function) >= {VS_LANCE_TARGET}x Lance's rate: {verdict}")
+    print(f"\nreading id alone, warm ({sum(len(f) for _, f in frames):,} id frames in "
+          f"{len(frames)} chunks):")  # fmt: skip
+    read_rows = []
+    for name, runs in read_times.items():
+        median = statistics.median(runs)
+        print(f"{name:36} {median * 1e3:9.2f} ms")
+        read_rows.append({"read": name, "median_s": median, "runs_s": runs})
     report["samples"] = count
     report["batch_size"] = args.batch_size
     report["add_field_from_id"] = rows
+    report["id_frames"] = sum(len(f) for _, f in frames)
+    report["read_id"] = read_rows
     report["target"] = {"ratio": VS_LANCE_TARGET, "got": best, "met": best >= VS_LANCE_TARGET}
     finish_report(report, args.json, started)
     return 0

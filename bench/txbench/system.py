@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import compileall
 import contextlib
 import gc
 import hashlib
@@ -172,7 +173,16 @@ def memory_gib() -> float | None:
     return None
 
 
+def compile_package(folder: Path) -> None:
+    """Write the bytecode of a package's modules, as pip does when it installs one. Where
+    PYTHONDONTWRITEBYTECODE is set (these machines), a txstore imported from a checkout is
+    otherwise compiled again by every process, 0.16 s of its start-up here, while the
+    peers' installed packages come compiled."""
+    compileall.compile_dir(str(folder), quiet=1)
+
+
 def machine_info(workdir: Path, packages: Sequence[str] = PACKAGES) -> dict[str, Any]:
+    compile_package(REPO / "txstore")
     versions: dict[str, str | None] = {}
     for name in packages:
         try:
@@ -224,6 +234,7 @@ def freeze_txstore(into: Path) -> str:
     shutil.copytree(
         REPO / "txstore", into / "txstore", ignore=shutil.ignore_patterns("__pycache__")
     )
+    compile_package(into / "txstore")
     digest = hashlib.sha256()
     for path in sorted((into / "txstore").rglob("*.py")):
         digest.update(path.relative_to(into).as_posix().encode() + b"\0" + path.read_bytes())

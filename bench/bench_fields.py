@@ -907,10 +907,10 @@ def vs_lance(args: argparse.Namespace, started: float) -> int:
     print(f"\nreading id alone, warm ({sum(len(f) for _, f in frames):,} id frames in "
           f"{len(frames)} chunks):")  # fmt: skip
     read_rows = []
-    for name, runs in read_times.items():
-        median = statistics.median(runs)
+    for name, seconds in read_times.items():
+        median = statistics.median(seconds)
         print(f"{name:36} {median * 1e3:9.2f} ms")
-        read_rows.append({"read": name, "median_s": median, "runs_s": runs})
+        read_rows.append({"read": name, "median_s": median, "runs_s": seconds})
     report["samples"] = count
     report["batch_size"] = args.batch_size
     report["add_field_from_id"] = rows

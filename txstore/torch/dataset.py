@@ -403,6 +403,11 @@ class LoaderDataset(IterableDataset[Any]):
         """Raise ResumeMismatchError unless ``state`` was taken over the same data and layout."""
         raise NotImplementedError
 
+    def _valid_todo(self, todo: Any) -> bool:
+        """Whether ``todo`` is what is left of an epoch as ``_unseen`` makes it (here: no
+        dataset resumes on another topology, so a state's is always None)."""
+        return todo is None
+
     def _unseen(self, state: dict[str, Any]) -> Any:
         """What of the state's epoch no worker had delivered, for another topology to read."""
         raise ResumeMismatchError(
@@ -592,6 +597,10 @@ class StreamingDataset(SnapshotDataset):
             return len(self.snapshot)
         return sum(elastic.segment_size(s) for s in todo)
 
+    def _valid_todo(self, todo: Any) -> bool:
+        total = len(self.snapshot)
+        return todo is None or (isinstance(todo, list) and all(is_segment(s, total) for s in todo))
+
     def __getitem__(self, index: int) -> Any:
         sample = self._own_snapshot()[index]
         return self.transform(sample) if self.transform else sample
@@ -749,6 +758,69 @@ class StreamingDataset(SnapshotDataset):
                 "the state is a MixedStreamingDataset's; this loader reads one StreamingDataset"
             )
         super()._check_resume(state, allow_other_version)
+
+
+#: The most ranks and workers a loader state may name: beyond any real run, and a bound on
+#: the work of resuming one (what every worker of every rank delivered is walked).
+_MAX_RANKS = 1 << 16
+_MAX_WORKERS = 1 << 10
+
+
+def check_state(state: Any, dataset: LoaderDataset) -> None:
+    """ResumeMismatchError naming the member, for a loader state that ``state_dict`` could
+    not have made (a damaged or edited checkpoint), before anything is taken from it; its
+    ``todo`` as ``dataset`` makes them."""
+
+    def bad(key: str, want: str) -> ResumeMismatchError:
+        got = state.get(key, "nothing") if isinstance(state, dict) else state
+        return ResumeMismatchError(f"a bad loader state: {key!r} must be {want}, not {got!r}")
+
+    def count(key: str, low: int, high: int | None = None) -> int:
+        value = state.get(key)
+        if type(value) is not int or value < low or (high is not None and value > high):
+            raise bad(key, f"an int from {low}" + ("" if high is None else f" to {high}"))
+        return value
+
+    if not isinstance(state, dict):
+        raise ResumeMismatchError(f"a loader state is a dict, not {type(state).__name__}")
+    if state.get("format") != STATE_FORMAT:
+        raise ResumeMismatchError(f"unknown loader state format {state.get('format')!r}")
+    if type(state.get("seed")) is not int:
+        raise bad("seed", "an int")
+    count("epoch", 0)
+    world = count("world_size", 1, _MAX_RANKS)
+    count("rank", 0, world - 1)
+    workers = count("num_workers", 1, _MAX_WORKERS)
+    if "next_worker" in state:
+        count("next_worker", 0, workers - 1)
+    delivered = state.get("delivered")
+    if not isinstance(delivered, dict) or not all(
+        isinstance(k, str) and k.isdigit() and int(k) < workers and type(v) is int and v >= 0
+        for k, v in delivered.items()
+    ):
+        raise bad("delivered", f'a dict of samples (ints) by worker ("0" to "{workers - 1}")')
+    if not dataset._valid_todo(state.get("todo")):
+        raise bad("todo", "null or what is left of an epoch, as this dataset writes it")
+
+
+def is_segment(segment: Any, total: int) -> bool:
+    """Whether ``segment`` is a run ``[a, b]`` or a window's slice ``[a, b, key, number, lo,
+    hi]`` of positions within ``total`` (elastic.py)."""
+    if not isinstance(segment, list) or len(segment) not in (2, 6):
+        return False
+    a, b = segment[0], segment[1]
+    if not (type(a) is int and type(b) is int and 0 <= a <= b <= total):
+        return False
+    if len(segment) == 2:
+        return True
+    key, number, lo, hi = segment[2:]
+    return (
+        isinstance(key, str)
+        and type(number) is int
+        and type(lo) is int
+        and type(hi) is int
+        and 0 <= lo <= hi <= b - a
+    )
 
 
 def _check_layout(state: dict[str, Any], layout: dict[str, Any]) -> None:
@@ -959,8 +1031,7 @@ class StreamingDataLoader(DataLoader[Any]):
         lockstep, so any rank's state tells), split over the new ones.
         """
         ds = self.streaming_dataset
-        if state.get("format") != STATE_FORMAT:
-            raise ResumeMismatchError(f"unknown loader state format {state.get('format')!r}")
+        check_state(state, ds)
         ds._check_resume(state, allow_other_version)
         delivered = {int(k): int(v) for k, v in state["delivered"].items()}
         self._pending_next = 0

@@ -41,6 +41,7 @@ from .dataset import (
     _distributed,
     _int,
     _pieces,
+    is_segment,
     samples_per_rank,
     worker_share,
 )
@@ -250,6 +251,22 @@ class MixedStreamingDataset(LoaderDataset):
         total = sum(map(_todo_size, self._todos(self.todo)))
         return samples_per_rank(total, self.world_size, self.drop_last)
 
+    def _valid_todo(self, todo: Any) -> bool:
+        if todo is None:
+            return True
+        if not isinstance(todo, dict) or type(todo.get("resumed")) is not int:
+            return False
+        sources = todo.get("sources")
+        return (
+            isinstance(sources, list)
+            and len(sources) == len(self.counts)
+            and todo["resumed"] >= 0
+            and all(
+                isinstance(segments, list) and all(is_segment(s, count) for s in segments)
+                for segments, count in zip(sources, self.counts, strict=True)
+            )
+        )
+
     def _todos(self, todo: Any) -> list[list[elastic.Segment]]:
         """What of each source's run the epoch reads (``elastic``): all of it, or the rest
         of an epoch resumed on another topology."""
@@ -444,18 +461,22 @@ class MixedStreamingDataset(LoaderDataset):
                 "the state is a StreamingDataset's; this loader reads a MixedStreamingDataset"
             )
         mine = self._describe()["mix"]
-        if len(mix["sources"]) != len(mine["sources"]):
+        sources = mix.get("sources")
+        if not isinstance(sources, list) or not all(isinstance(x, dict) for x in sources):
+            raise ResumeMismatchError(f"a bad loader state: 'mix' has sources {sources!r}")
+        if len(sources) != len(mine["sources"]):
             raise ResumeMismatchError(
                 f"the state mixes {len(mix['sources'])} datasets, this loader "
                 f"{len(mine['sources'])}"
             )
-        for i, (then, now) in enumerate(zip(mix["sources"], mine["sources"], strict=True)):
-            if (then["version"], then["commit_id"]) != (now["version"], now["commit_id"]) and (
-                not allow_other_version
-            ):
+        for i, (then, now) in enumerate(zip(sources, mine["sources"], strict=True)):
+            if (then.get("version"), then.get("commit_id")) != (
+                now["version"],
+                now["commit_id"],
+            ) and not allow_other_version:
                 raise ResumeMismatchError(
-                    f"dataset {i} of the state is version {then['version']} (commit "
-                    f"{then['commit_id']}) of {then['store']}; this one reads version "
+                    f"dataset {i} of the state is version {then.get('version')} (commit "
+                    f"{then.get('commit_id')}) of {then.get('store')}; this one reads version "
                     f"{now['version']} (commit {now['commit_id']}). Pass "
                     "allow_other_version=True to resume anyway"
                 )

@@ -230,6 +230,26 @@ def test_a_chunk_cached_at_its_first_read_is_read_through_its_map(tmp_path: Path
     )
 
 
+def test_a_large_range_of_a_cached_chunk_is_read_not_mapped(tmp_path: Path) -> None:
+    """A block of one large sample is preaded even once the chunk reads through its map: a
+    first touch through the map would map in the page cache's folios around it, whole."""
+    import mmap
+
+    from txstore.storage.local import _MAP_BELOW
+
+    storage = LocalStorage(tmp_path)
+    storage.write("chunks/c.chunk", _CHUNK)
+    assert storage.read("chunks/c.chunk") == _CHUNK
+    if hasattr(os, "RWF_NOWAIT") and not _resident(tmp_path / "chunks" / "c.chunk", 0, 1 << 22):
+        pytest.skip("the file was not cached after a whole read")
+    storage.read_range_view("chunks/c.chunk", 100, 900)  # finds the chunk cached
+    small = storage.read_range_view("chunks/c.chunk", 5000, 9000)
+    assert _backing(small) is mmap.mmap  # so it reads through its map
+    large = storage.read_range_view("chunks/c.chunk", 1 << 20, (1 << 20) + _MAP_BELOW)
+    assert bytes(large) == _CHUNK[1 << 20 : (1 << 20) + _MAP_BELOW]
+    assert _backing(large) is bytearray
+
+
 def test_range_reads_past_the_end_of_an_uncached_chunk_are_short(tmp_path: Path) -> None:
     storage, _ = _uncached_chunk(tmp_path)
     end = len(_CHUNK)

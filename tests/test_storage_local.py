@@ -231,8 +231,8 @@ def test_a_chunk_cached_at_its_first_read_is_read_through_its_map(tmp_path: Path
 
 
 def test_a_large_range_of_a_cached_chunk_is_read_not_mapped(tmp_path: Path) -> None:
-    """A block of one large sample is preaded even once the chunk reads through its map: a
-    first touch through the map would map in the page cache's folios around it, whole."""
+    """A block's range (from _MAP_BELOW) is preaded even once the chunk reads through its
+    map: a first touch through the map would map in the page cache's folios around it."""
     import mmap
 
     from txstore.storage.local import _MAP_BELOW

@@ -186,7 +186,7 @@ def test_ranges_of_an_uncached_chunk_are_read_not_faulted_through_its_map(
     for start in (1 << 20, 3 << 20, 17):
         view = storage.read_range_view("chunks/c.chunk", start, start + 100_000)
         assert bytes(view) == _CHUNK[start : start + 100_000]
-        assert _backing(view) is bytearray  # a pread into a buffer of its own
+        assert _backing(view) is not mmap.mmap  # a pread into a buffer of its own
     # Once the file is cached, reads go back to the map after a run of cached reads.
     assert storage.read("chunks/c.chunk") == _CHUNK
     backings = []
@@ -219,9 +219,9 @@ def test_a_chunk_cached_at_its_first_read_is_read_through_its_map(tmp_path: Path
     assert storage.read("chunks/c.chunk") == _CHUNK  # now in the page cache
     if hasattr(os, "RWF_NOWAIT") and not _resident(tmp_path / "chunks" / "c.chunk", 0, 1 << 22):
         pytest.skip("the file was not cached after a whole read")
-    first = storage.read_range_view("chunks/c.chunk", 100, 70_000)
+    first = storage.read_range_view("chunks/c.chunk", 100, 20_000)
     second = storage.read_range_view("chunks/c.chunk", 5000, 9000)
-    assert bytes(first) == _CHUNK[100:70_000] and bytes(second) == _CHUNK[5000:9000]
+    assert bytes(first) == _CHUNK[100:20_000] and bytes(second) == _CHUNK[5000:9000]
     assert _backing(second) is mmap.mmap
     # Past the end of the file: as short as the file, either way.
     assert (
@@ -247,7 +247,7 @@ def test_a_large_range_of_a_cached_chunk_is_read_not_mapped(tmp_path: Path) -> N
     assert _backing(small) is mmap.mmap  # so it reads through its map
     large = storage.read_range_view("chunks/c.chunk", 1 << 20, (1 << 20) + _MAP_BELOW)
     assert bytes(large) == _CHUNK[1 << 20 : (1 << 20) + _MAP_BELOW]
-    assert _backing(large) is bytearray
+    assert _backing(large) is not mmap.mmap
 
 
 def test_range_reads_past_the_end_of_an_uncached_chunk_are_short(tmp_path: Path) -> None:

@@ -180,6 +180,7 @@ def test_errors_and_exit_codes(tmp_path: Any) -> None:
     assert run("vacuum", uri, "--grace", "soon").returncode == 2
     assert run("show", uri, "99").returncode == 1
     assert run("log", uri, "--storage-option", "novalue").returncode == 2
+    assert run("log", uri, "--limit", "-5").returncode == 2  # it printed an empty log
     assert "nothing to compact" not in ok("compact", uri, "--dry-run")
 
     chunk = store.snapshot().chunks()[0].path

@@ -238,6 +238,9 @@ def test_log_is_newest_first(backend: Backend) -> None:
     assert [c.message for c in log][:2] == ["two", "one"]
     assert log[0].timestamp >= log[1].timestamp
     assert [c.version for c in store.log(limit=2)] == [2, 1]
+    for bad in (-1, "2", 1.5, True):  # -1 gave an empty history, "2" a TypeError
+        with pytest.raises(ValueError, match="limit"):
+            store.log(limit=bad)
 
 
 def test_create_and_open_errors(backend: Backend) -> None:

@@ -113,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     p = add("log", _cmd_log, "the commit history, newest first")
-    p.add_argument("--limit", type=int, default=None, help="show at most N commits")
+    p.add_argument("--limit", type=_at_least_one, default=None, help="show at most N commits")
     p = add(
         "show", _cmd_show, "one commit in detail: operation, samples, tags, leases, files, fields"
     )

@@ -144,7 +144,9 @@ class Store:
         return manifest
 
     def log(self, limit: int | None = None) -> list[Commit]:
-        """The commit history, newest first."""
+        """The commit history, newest first (``limit``: at most that many commits)."""
+        if limit is not None and (type(limit) is not int or limit < 0):
+            raise ValueError(f"limit must be a whole number of commits, not {limit!r}")
         latest = self._ctx.log.latest_version()
         stop = -1 if limit is None else max(-1, latest - limit)
         return [Commit.from_manifest(self._ctx.log.read_record(v)) for v in range(latest, stop, -1)]

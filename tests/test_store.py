@@ -243,6 +243,23 @@ def test_log_is_newest_first(backend: Backend) -> None:
             store.log(limit=bad)
 
 
+def test_indices_and_counts_of_the_wrong_type_are_named(tmp_path: Any) -> None:
+    """As a list does: an index that is not an integer is a TypeError saying so (1.5 and "a"
+    failed deep inside the chunk lookup), a numpy integer is an index."""
+    store = txstore.create(str(tmp_path / "s"))
+    store.append([{"id": i} for i in range(5)])
+    store.append([{"id": 5}])
+    snap = store.snapshot()
+    assert snap[np.int64(3)] == {"id": 3}
+    for bad in (1.5, "a", None):
+        with pytest.raises(TypeError, match="snapshot indices must be integers or slices"):
+            snap[bad]  # type: ignore[index]
+    with pytest.raises(TypeError, match="snapshot indices must be integers or slices"):
+        snap.take([0, "a"])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="keep_last must be a whole number"):
+        store.expire(keep_last="1")  # type: ignore[arg-type]
+
+
 def test_create_and_open_errors(backend: Backend) -> None:
     with pytest.raises(StoreNotFoundError):
         txstore.open(backend.uri, **backend.kwargs())

@@ -378,8 +378,11 @@ def expire(
     seconds (both conditions, when both are given), skipping tagged and leased versions."""
     if keep_last is None and older_than is None:
         raise ValueError("expire needs keep_last, older_than or both")
-    if keep_last is not None and (isinstance(keep_last, bool) or keep_last < 1):
-        raise ValueError(f"keep_last must be at least 1 (the latest is always kept): {keep_last}")
+    if keep_last is not None and (type(keep_last) is not int or keep_last < 1):
+        raise ValueError(
+            f"keep_last must be a whole number of at least 1 (the latest is always kept), "
+            f"not {keep_last!r}"
+        )
     for _ in range(_CAS_ATTEMPTS):
         t = now()
         retention, token = refs.retention()

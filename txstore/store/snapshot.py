@@ -507,6 +507,18 @@ class ChunkReader:
         return arrow.chunk_table(parts, self.decoder, checked)
 
 
+def _sample_index(index: Any) -> int:
+    """An index as ``list`` takes one (an int, a numpy integer), else TypeError saying so."""
+    if type(index) is int:
+        return index
+    try:
+        return operator.index(index)
+    except TypeError:
+        raise TypeError(
+            f"snapshot indices must be integers or slices, not {type(index).__name__}"
+        ) from None
+
+
 class Snapshot(Sequence[Sample]):
     """The samples of one committed version, in commit order.
 
@@ -790,7 +802,7 @@ class Snapshot(Sequence[Sample]):
     def __getitem__(self, index: int | slice) -> Sample | list[Sample]:
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
-        chunk, local = self._locate(index, len(self))
+        chunk, local = self._locate(_sample_index(index), len(self))
         sample = self._reader.sample(
             chunk,
             local,
@@ -910,9 +922,7 @@ class Snapshot(Sequence[Sample]):
 
     def _locate_many(self, indices: list[int], n: int) -> Iterator[tuple[ChunkRef, int]]:
         for index in indices:
-            if isinstance(index, bool) or not isinstance(index, int):
-                index = operator.index(index)
-            yield self._locate(index, n)
+            yield self._locate(_sample_index(index), n)
 
     def iter_chunks(self, chunks: Sequence[ChunkRef]) -> Iterator[Sample]:
         """The samples of ``chunks`` in order, reading the next chunk while decoding one."""

@@ -258,6 +258,8 @@ def test_indices_and_counts_of_the_wrong_type_are_named(tmp_path: Any) -> None:
         snap.take([0, "a"])  # type: ignore[list-item]
     with pytest.raises(ValueError, match="keep_last must be a whole number"):
         store.expire(keep_last="1")  # type: ignore[arg-type]
+    with pytest.raises(txstore.EncodeError, match="samples must be an iterable of dicts"):
+        store.append(5)  # type: ignore[arg-type]
 
 
 def test_create_and_open_errors(backend: Backend) -> None:

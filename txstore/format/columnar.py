@@ -488,7 +488,13 @@ def peek_columns(
         if isinstance(samples, list | tuple) and samples and _is_arrow(samples[0]):
             return _batches(iter(samples), position), samples
         return found, samples
-    it = iter(samples)
+    try:
+        it = iter(samples)
+    except TypeError:
+        raise EncodeError(
+            f"samples must be an iterable of dicts (or a table, or a dict of columns), not "
+            f"{type(samples).__name__}"
+        ) from None
     try:
         first = next(it)
     except StopIteration:

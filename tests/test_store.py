@@ -260,6 +260,11 @@ def test_indices_and_counts_of_the_wrong_type_are_named(tmp_path: Any) -> None:
         store.expire(keep_last="1")  # type: ignore[arg-type]
     with pytest.raises(txstore.EncodeError, match="samples must be an iterable of dicts"):
         store.append(5)  # type: ignore[arg-type]
+    # A str is not a list of names: drop_fields("id") went on to look for a field "i".
+    for call in (snap.select, store.drop_fields, lambda f: store.add_fields(dict, f)):
+        for bad in ("id", 5):
+            with pytest.raises(TypeError, match="fields must be a list of field names"):
+                call(bad)
 
 
 def test_create_and_open_errors(backend: Backend) -> None:

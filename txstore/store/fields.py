@@ -44,6 +44,8 @@ _MAX_ROUNDS = 20  # rounds of catching up with concurrent appends before giving 
 
 
 def _check_names(fields: Iterable[str]) -> tuple[str, ...]:
+    if isinstance(fields, str | bytes) or not isinstance(fields, Iterable):
+        raise TypeError(f"fields must be a list of field names, not {fields!r}")
     names = tuple(fields)
     if not names or not all(isinstance(f, str) and f for f in names):
         raise ValueError("fields must be a non-empty list of field names")

@@ -621,7 +621,7 @@ class Snapshot(Sequence[Sample]):
         Finding out reads every chunk's footer, and the frames of columns some samples of a
         block lack.
         """
-        if isinstance(fields, str | bytes):
+        if isinstance(fields, str | bytes) or not isinstance(fields, Iterable):
             raise TypeError(f"fields must be a list of field names, not {fields!r}")
         wanted = frozenset(fields)
         for name in wanted:

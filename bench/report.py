@@ -624,8 +624,9 @@ def read_section(report: Report, workers_report: Report | None, plots: Plots) ->
         "included). `txstore ÷ this`: how many times better txstore's `StreamingDataset` is "
         "(samples/s for seq and DataLoader, p50 latency for `ds[i]`; above 1: txstore better). "
         "Peak RSS sums the process and its workers (each one's VmHWM); it counts the pages of "
-        "files a reader maps, which txstore does for chunks in the page cache, while a reader "
-        "that copies them with `read` keeps the same pages in the page cache uncounted. Peak "
+        "files a reader maps, which txstore does for the chunks it reads whole (a random "
+        "`ds[i]` of a block of 32 KiB or more preads it), while a reader that copies them "
+        "with `read` keeps the same pages in the page cache uncounted. Peak "
         "anon is the largest sum of the processes' anonymous memory (`RssAnon`) at one time: "
         "what the readers allocate, alike for every reader.\n",
     ]

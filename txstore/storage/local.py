@@ -133,8 +133,9 @@ class _Kept:
     """A kept map of a file, its identity, a descriptor of it, and how its ranges are read.
 
     ``cached_reads``: -1 before the first range read; then the count of reads, one after
-    another, that found their pages in the page cache. Below ``_WARM_AFTER`` a range is read
-    with ``pread``, at or above through the map: a fault on a map of a file that is not cached
+    another, that found their pages in the page cache. Below ``_WARM_AFTER`` a range (of
+    less than ``_MAP_BELOW``: larger ones are always preaded) is read with ``pread``, at or
+    above through the map: a fault on a map of a file that is not cached
     reads megabytes around the page (a random 100 KiB read from a cold 64 MiB chunk took
     22 us at the median but 9 ms at p99 and 1.0 ms on average, where a ``pread`` took
     0.17 ms, 0.27 ms at p99). Every ``_PROBE_EVERY`` reads through the map, one probe asks

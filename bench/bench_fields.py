@@ -820,8 +820,10 @@ def _id_frames(path: Path) -> list[tuple[str, list[tuple[int, int]]]]:
     out = []
     for chunk in snap.chunk_refs():
         file = path / chunk.path
-        data = file.read_bytes()
-        layout = parse_footer(memoryview(data)[chunk.footer_offset :], str(file))
+        with open(file, "rb") as f:  # the footer alone, not the chunk
+            f.seek(chunk.footer_offset)
+            tail = f.read()
+        layout = parse_footer(tail, str(file), chunk.footer_offset)
         column = layout.columns.index("id")
         blocks = layout.footer.blocks
         frames = [(f.offset, f.length) for b in blocks for f in b.frames if f.column == column]

@@ -30,10 +30,7 @@ import numpy as np
 
 from ..errors import CorruptError, EncodeError, UnsupportedFormatError
 from .manifest import check_path
-from .peer_mds import pixels_of
-
-#: What a file name in an index may not lead out of.
-_FOLDER = "the dataset's folder"
+from .peer_mds import DATASET_FOLDER, pixels_of
 
 _U32 = struct.Struct("<I")
 _I64 = struct.Struct("<q")
@@ -555,7 +552,7 @@ def parse_index(data: bytes, where: str) -> tuple[dict[str, Any], list[dict[str,
                 f"{where}, chunk {number}: filename {name!r} or chunk_size {size!r} is not a "
                 "file name and a count"
             )
-        check_path(name, f"{where}, chunk {number},", _FOLDER)
+        check_path(name, f"{where}, chunk {number},", DATASET_FOLDER)
     return config, chunks
 
 

@@ -32,6 +32,9 @@ from .manifest import check_path
 
 _U32 = struct.Struct("<I")
 
+#: What a file name in a peer's index may not lead out of (``manifest.check_path``).
+DATASET_FOLDER = "the dataset's folder"
+
 #: MDS's ndarray value dtypes by the byte it writes for them.
 NDARRAY_DTYPES = {
     8: "uint8",
@@ -235,7 +238,7 @@ def parse_index(data: bytes, where: str) -> list[dict[str, Any]]:
         if not all(x is None or (type(x) is int and x >= 0) for x in sizes):
             raise CorruptError(f"{at}: a column size is neither a byte count nor null")
         for name, encoding, size in zip(names, encodings, sizes, strict=True):
-            width = 8 if encoding == "int" else _scalar_width(encoding)
+            width = _scalar_width(encoding)
             if width is not None and size != width:
                 raise CorruptError(
                     f"{at}: column {name!r} of encoding {encoding!r} takes {width} bytes, the "
@@ -249,13 +252,13 @@ def parse_index(data: bytes, where: str) -> list[dict[str, Any]]:
             raise CorruptError(f"{at}: no file named ({e!r})") from e
         if not isinstance(name, str):
             raise CorruptError(f"{at}: its file name {name!r} is not a str")
-        check_path(name, f"{at},", "the dataset's folder")
+        check_path(name, f"{at},", DATASET_FOLDER)
     return shards
 
 
 def _scalar_width(encoding: str) -> int | None:
-    """The bytes a value of a fixed-size numeric encoding takes (None: not one)."""
-    dtype = SCALARS.get(encoding)
+    """The bytes a value of a fixed-size numeric encoding takes ("int": 8; None: not one)."""
+    dtype = "<i8" if encoding == "int" else SCALARS.get(encoding)
     return None if dtype is None else np.dtype(dtype).itemsize
 
 

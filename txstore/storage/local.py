@@ -37,9 +37,8 @@ _WARM_AFTER = 16
 _PROBE_EVERY = 16
 # Ranges from this size (a default block of 64 KiB, or of one large sample) are read with
 # pread even from a cached chunk. Through the map, a first touch maps in the page cache's
-# folios around the range, whole: a file written in large pieces has large ones, and 1,000
-# random 100 KiB samples took 553 MB of the reader's RSS, against 41 MB with preads, at the
-# same latency (W1's 2 KiB samples: 636 MB against 241 MB for 5,000, p50 14 against 20 us).
+# folios around the range, whole (a file written in large pieces has large ones), so a
+# random reader's RSS grew by far more than it read (docs/benchmarks.md, random access).
 _MAP_BELOW = 32 << 10
 _IOV_MAX = 1024
 # Bytes per writev call, and the offsets the calls end at: a trade. One call per whole chunk
@@ -334,11 +333,11 @@ class LocalStorage(Storage):
             os.close(fd)
 
     def read_range_view(self, key: str, start: int, end: int) -> bytes | memoryview:
-        # A block from _MAP_BELOW: a pread, into a new bytes object (not a zeroed bytearray:
-        # 2 us of a 64 KiB read). A smaller one out of a kept map: no syscall and no copy per
-        # read, while the chunk is in the page cache; a pread when it is not (``_Kept``).
-        # Only chunks are read so, which are never rewritten; this process's own rewrites
-        # drop the map all the same.
+        # A block from _MAP_BELOW: a pread, into a new bytes object (a bytearray would be
+        # zeroed first, only to be overwritten). A smaller one out of a kept map: no syscall
+        # and no copy per read, while the chunk is in the page cache; a pread when it is not
+        # (``_Kept``). Only chunks are read so, which are never rewritten; this process's own
+        # rewrites drop the map all the same.
         kept = self._kept(key, None)
         if end <= start:
             return kept.view[start:end]

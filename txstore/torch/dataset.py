@@ -598,8 +598,7 @@ class StreamingDataset(SnapshotDataset):
         return sum(elastic.segment_size(s) for s in todo)
 
     def _valid_todo(self, todo: Any) -> bool:
-        total = len(self.snapshot)
-        return todo is None or (isinstance(todo, list) and all(is_segment(s, total) for s in todo))
+        return todo is None or elastic.is_todo(todo, len(self.snapshot))
 
     def __getitem__(self, index: int) -> Any:
         sample = self._own_snapshot()[index]
@@ -801,26 +800,6 @@ def check_state(state: Any, dataset: LoaderDataset) -> None:
         raise bad("delivered", f'a dict of samples (ints) by worker ("0" to "{workers - 1}")')
     if not dataset._valid_todo(state.get("todo")):
         raise bad("todo", "null or what is left of an epoch, as this dataset writes it")
-
-
-def is_segment(segment: Any, total: int) -> bool:
-    """Whether ``segment`` is a run ``[a, b]`` or a window's slice ``[a, b, key, number, lo,
-    hi]`` of positions within ``total`` (elastic.py)."""
-    if not isinstance(segment, list) or len(segment) not in (2, 6):
-        return False
-    a, b = segment[0], segment[1]
-    if not (type(a) is int and type(b) is int and 0 <= a <= b <= total):
-        return False
-    if len(segment) == 2:
-        return True
-    key, number, lo, hi = segment[2:]
-    return (
-        isinstance(key, str)
-        and type(number) is int
-        and type(lo) is int
-        and type(hi) is int
-        and 0 <= lo <= hi <= b - a
-    )
 
 
 def _check_layout(state: dict[str, Any], layout: dict[str, Any]) -> None:

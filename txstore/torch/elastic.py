@@ -29,6 +29,30 @@ def segment_size(segment: Segment) -> int:
     return int(segment[1] - segment[0] if len(segment) == 2 else segment[5] - segment[4])
 
 
+def is_todo(todo: Any, total: int) -> bool:
+    """Whether ``todo`` (from a saved state) is a list of segments, runs ``[a, b]`` and
+    window slices ``[a, b, key, number, lo, hi]``, of positions within ``total``."""
+    return isinstance(todo, list) and all(_is_segment(s, total) for s in todo)
+
+
+def _is_segment(segment: Any, total: int) -> bool:
+    if not isinstance(segment, list) or len(segment) not in (2, 6):
+        return False
+    a, b = segment[0], segment[1]
+    if not (type(a) is int and type(b) is int and 0 <= a <= b <= total):
+        return False
+    if len(segment) == 2:
+        return True
+    key, number, lo, hi = segment[2:]
+    return (
+        isinstance(key, str)
+        and type(number) is int
+        and type(lo) is int
+        and type(hi) is int
+        and 0 <= lo <= hi <= b - a
+    )
+
+
 def worker_range(total: int, per_rank: int, rank: int, worker: int, workers: int) -> range:
     """The indices of the epoch's sequence one worker reads; past ``total`` they wrap around
     (the repetition that evens out ranks)."""

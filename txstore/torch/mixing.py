@@ -41,7 +41,6 @@ from .dataset import (
     _distributed,
     _int,
     _pieces,
-    is_segment,
     samples_per_rank,
     worker_share,
 )
@@ -262,7 +261,7 @@ class MixedStreamingDataset(LoaderDataset):
             and len(sources) == len(self.counts)
             and todo["resumed"] >= 0
             and all(
-                isinstance(segments, list) and all(is_segment(s, count) for s in segments)
+                elastic.is_todo(segments, count)
                 for segments, count in zip(sources, self.counts, strict=True)
             )
         )
@@ -466,8 +465,7 @@ class MixedStreamingDataset(LoaderDataset):
             raise ResumeMismatchError(f"a bad loader state: 'mix' has sources {sources!r}")
         if len(sources) != len(mine["sources"]):
             raise ResumeMismatchError(
-                f"the state mixes {len(mix['sources'])} datasets, this loader "
-                f"{len(mine['sources'])}"
+                f"the state mixes {len(sources)} datasets, this loader {len(mine['sources'])}"
             )
         for i, (then, now) in enumerate(zip(sources, mine["sources"], strict=True)):
             if (then.get("version"), then.get("commit_id")) != (

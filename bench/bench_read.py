@@ -72,7 +72,9 @@ QUICK_RANDOM_INDICES = 1_000
 INDEX_SEED = 1234
 RSS_INTERVAL_S = 0.02
 CHILD_TIMEOUT_S = 3600
-STORES = ("txstore", "litdata", "mds", "memory")
+STORES = ("txstore", "litdata", "mds", "memory", "floor")
+#: The block a checked random read must read and hash at the least: txstore's default.
+FLOOR_BLOCK = 64 * 1024
 CACHES = ("warm", "cold")
 
 
@@ -95,6 +97,10 @@ VARIANTS = (
     Variant("tx-zc", "seq", "txstore", "txstore StreamingDataset zero_copy"),
     Variant("lit", "seq", "litdata", "LitData StreamingDataset"),
     Variant("mds", "seq", "mds", "MosaicML StreamingDataset"),
+    # Floors: the least any reader of the same bytes does, from one plain file of payloads.
+    Variant("floor-copy", "seq", "floor", "floor: copy each payload"),
+    Variant("floor-hash", "seq", "floor", "floor: xxh3 each payload (a checked view)"),
+    Variant("floor-hashcopy", "seq", "floor", "floor: xxh3 + copy (a checked copy)"),
     Variant("tx-ds", "dl", "txstore", "txstore StreamingDataLoader"),
     Variant("lit", "dl", "litdata", "LitData StreamingDataLoader"),
     Variant("mds", "dl", "mds", "MosaicML + torch DataLoader"),
@@ -104,6 +110,8 @@ VARIANTS = (
     Variant("lit", "ra", "litdata", "LitData ds[i] (default batch_decode)"),
     Variant("lit-bd0", "ra", "litdata", "LitData ds[i] batch_decode=0"),
     Variant("mds", "ra", "mds", "MosaicML ds[i]"),
+    Variant("floor-pread", "ra", "floor", "floor: pread the sample"),
+    Variant("floor-block", "ra", "floor", "floor: pread + xxh3 its 64 KiB block"),
 )
 TASK_TITLES = {
     "seq": "sequential iteration, one process",
@@ -361,11 +369,61 @@ def open_memory(task: Task) -> Any:
     return InMemory()
 
 
+class Floor:
+    """The workload's payloads in one plain file, read the least way a reader can hand
+    them out (``mode``): the machine's limit for each reader, in the same run.
+
+    seq: over one map of the file, ``copy`` copies each payload into ``bytes`` (an unchecked
+    copying reader), ``hash`` hashes it and hands out the view (a checked zero-copy reader),
+    ``hashcopy`` both (a checked copying reader). ra: ``pread`` reads the sample's own bytes,
+    ``block`` reads and hashes the ``FLOOR_BLOCK`` around it and copies the sample out.
+    """
+
+    def __init__(self, path: Path, workload: Workload, mode: str) -> None:
+        import xxhash
+
+        self.size, self.count, self.mode = workload.payload_size, workload.num_samples, mode
+        self.key = workload.payload_field
+        self.hash = xxhash.xxh3_64_intdigest
+        self.fd = os.open(path / FLOOR_FILE, os.O_RDONLY)
+        self.length = os.fstat(self.fd).st_size
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self) -> Iterator[Sample]:
+        import mmap
+
+        mapped = mmap.mmap(self.fd, 0, access=mmap.ACCESS_READ)
+        mapped.madvise(mmap.MADV_WILLNEED)  # as txstore does for a chunk it reads whole
+        view, size, key, digest = memoryview(mapped), self.size, self.key, self.hash
+        for i in range(self.count):
+            value = view[i * size : (i + 1) * size]
+            if self.mode != "copy":
+                digest(value)
+            yield {"id": i, key: value if self.mode == "hash" else bytes(value)}
+
+    def __getitem__(self, i: int) -> Sample:
+        start = i * self.size
+        if self.mode == "pread":
+            return {"id": i, self.key: os.pread(self.fd, self.size, start)}
+        first = start // FLOOR_BLOCK * FLOOR_BLOCK
+        end = max(first + FLOOR_BLOCK, start + self.size)
+        block = os.pread(self.fd, min(end, self.length) - first, first)
+        self.hash(block)
+        return {"id": i, self.key: block[start - first : start - first + self.size]}
+
+
+def open_floor(task: Task) -> Any:
+    return Floor(Path(task.path), task.workload, task.variant.removeprefix("floor-"))
+
+
 OPENERS: dict[str, Callable[[Task], Any]] = {
     "txstore": open_txstore,
     "litdata": open_litdata,
     "mds": open_mds,
     "memory": open_memory,
+    "floor": open_floor,
 }
 
 
@@ -534,10 +592,22 @@ def write_txstore(out: Path, samples: Sequence[Sample], workload: Workload) -> s
     return note + ", default compression (zstd; random payloads stored raw)"
 
 
+FLOOR_FILE = "payloads.bin"
+
+
+def write_floor(out: Path, samples: Sequence[Sample], workload: Workload) -> str:
+    out.mkdir(parents=True)
+    with open(out / FLOOR_FILE, "wb") as f:
+        for sample in samples:
+            f.write(sample[workload.payload_field])
+    return "the payloads, one after another in one file"
+
+
 WRITERS: dict[str, Callable[[Path, Sequence[Sample], Workload], str]] = {
     "txstore": write_txstore,
     "litdata": write_litdata_binarywriter,
     "mds": write_mds,
+    "floor": write_floor,
 }
 
 
@@ -761,43 +831,97 @@ COMPARISONS = (
 
 @dataclass(frozen=True)
 class Target:
-    """txstore / peer on one metric must be >= (higher) or <= (lower) ``bound``."""
+    """txstore's ``field`` over the peer's (``theirs``; its ``their_field``, by default the
+    same) must be >= (higher) or <= (lower) ``bound``; without a peer, over ``scale``.
+
+    With a ``floor`` (a Floor variant of the same task), a miss is *bounded* when the floor's
+    figure misses as well: no reader doing that much work reaches the target on this
+    machine (for a peer of txstore's own variant, the floor's own two fields are compared).
+    """
 
     name: str
     workloads: tuple[str, ...]
     field: str
     task: str
-    theirs: str
+    theirs: str | None
     bound: float
     better: str
     ours: str = "tx-ds"
+    floor: str | None = None
+    their_field: str | None = None
+    scale: float = 1.0
+    caches: tuple[str, ...] = CACHES
 
 
+BOTH = ("W1", "W2")
 TARGETS = (
     Target("seq >= 2x LitData samples/s", ("W1",), "samples_per_s", "seq", "lit", 2.0, "higher"),
-    Target("seq >= LitData samples/s", ("W2",), "samples_per_s", "seq", "lit", 1.0, "higher"),
-    Target(  # both hand out views, as LitData does by default
-        "seq zero_copy >= LitData samples/s",
-        ("W2",),
+    Target(
+        "seq >= 1.5x LitData samples/s",
+        BOTH,
         "samples_per_s",
         "seq",
         "lit",
-        1.0,
+        1.5,
+        "higher",
+        floor="floor-hashcopy",
+    ),
+    Target(  # both hand out views, as LitData does by default
+        "seq zero_copy >= 1.5x LitData samples/s",
+        BOTH,
+        "samples_per_s",
+        "seq",
+        "lit",
+        1.5,
         "higher",
         ours="tx-zc",
+        floor="floor-hash",
     ),
     Target(
         "DataLoader >= 2x LitData StreamingDataLoader",
-        ("W1", "W2"),
+        BOTH,
         "samples_per_s",
         "dl",
         "lit",
         2.0,
         "higher",
     ),
-    Target("ds[i] p50 <= MosaicML's", ("W1", "W2"), "p50_us", "ra", "mds", 1.0, "lower"),
-    Target("ds[i] p50 <= 1/10 LitData default", ("W1", "W2"), "p50_us", "ra", "lit", 0.1, "lower"),
-    Target("ds[i] p99 <= MosaicML's", ("W1", "W2"), "p99_us", "ra", "mds", 1.0, "lower"),
+    Target("first batch <= LitData's", BOTH, "first_batch_s", "dl", "lit", 1.0, "lower"),
+    Target(
+        "ds[i] p50 <= MosaicML's", BOTH, "p50_us", "ra", "mds", 1.0, "lower", floor="floor-block"
+    ),
+    Target("ds[i] p50 <= 1/10 LitData default", BOTH, "p50_us", "ra", "lit", 0.1, "lower"),
+    Target(
+        "ds[i] p99 <= MosaicML's", BOTH, "p99_us", "ra", "mds", 1.0, "lower", floor="floor-block"
+    ),
+    Target(
+        "Snapshot[i] p99 <= 2x its p50",
+        BOTH,
+        "p99_us",
+        "ra",
+        "tx-snap",
+        2.0,
+        "lower",
+        ours="tx-snap",
+        floor="floor-pread",
+        their_field="p50_us",
+        caches=("warm",),
+    ),
+    Target(
+        "Snapshot[i] max <= 5 ms",
+        BOTH,
+        "max_us",
+        "ra",
+        None,
+        1.0,
+        "lower",
+        ours="tx-snap",
+        scale=5000.0,
+        caches=("warm",),
+    ),
+    Target("seq peak RSS <= LitData's", BOTH, "peak_rss_mb", "seq", "lit", 1.0, "lower"),
+    Target("DataLoader peak RSS <= LitData's", BOTH, "peak_rss_mb", "dl", "lit", 1.0, "lower"),
+    Target("ds[i] peak RSS <= LitData's", BOTH, "peak_rss_mb", "ra", "lit", 1.0, "lower"),
 )
 
 
@@ -835,21 +959,36 @@ def comparison_rows(
     return rows
 
 
+def passes(t: Target, value: float) -> bool:
+    return value >= t.bound if t.better == "higher" else value <= t.bound
+
+
+def target_ratio(
+    medians: dict[RunKey, dict[str, Any]], t: Target, workload: str, cache: str, ours: str
+) -> tuple[float | None, bool]:
+    """(``ours``'s figure over the target's reference, whether anything was measured)."""
+    mine = value_of(medians, workload, cache, t.task, ours, t.field)
+    if t.theirs is None:
+        return (None if mine is None else mine / t.scale), mine is not None
+    peer = ours if t.theirs == t.ours else t.theirs
+    theirs = value_of(medians, workload, cache, t.task, peer, t.their_field or t.field)
+    return ratio(mine, theirs), mine is not None or theirs is not None
+
+
 def target_rows(
     medians: dict[RunKey, dict[str, Any]], workloads: Sequence[str], caches: Sequence[str]
 ) -> list[dict[str, Any]]:
     rows = []
     for t in TARGETS:
         for workload in (w for w in workloads if w in t.workloads):
-            for cache in caches:
-                ours = value_of(medians, workload, cache, t.task, t.ours, t.field)
-                theirs = value_of(medians, workload, cache, t.task, t.theirs, t.field)
-                if ours is None and theirs is None:
+            for cache in (c for c in caches if c in t.caches):
+                value, measured = target_ratio(medians, t, workload, cache, t.ours)
+                if not measured:
                     continue  # not measured in this run
-                value = ratio(ours, theirs)
-                met = None
-                if value is not None:
-                    met = value >= t.bound if t.better == "higher" else value <= t.bound
+                met = None if value is None else passes(t, value)
+                floor = None
+                if t.floor is not None:
+                    floor = target_ratio(medians, t, workload, cache, t.floor)[0]
                 rows.append(
                     {
                         "target": t.name,
@@ -858,6 +997,11 @@ def target_rows(
                         "ratio": value,
                         "bound": t.bound,
                         "met": met,
+                        "floor": None if t.floor is None else find_variant(t.task, t.floor).label,
+                        "floor_ratio": floor,
+                        "bounded": bool(
+                            met is False and floor is not None and not passes(t, floor)
+                        ),
                     }
                 )
     return rows
@@ -900,7 +1044,7 @@ def latency_rows(medians: dict[RunKey, dict[str, Any]], keys: Sequence[RunKey]) 
         m = medians[key]
         label = key.label()
         if "error" in m:
-            rows.append([key.workload, key.cache, label, "ERROR", "", "", ""])
+            rows.append([key.workload, key.cache, label, "ERROR", "", "", "", "", ""])
             continue
         rows.append(
             [
@@ -909,6 +1053,8 @@ def latency_rows(medians: dict[RunKey, dict[str, Any]], keys: Sequence[RunKey]) 
                 label,
                 fmt(m["p50_us"], ",.1f"),
                 fmt(m["p90_us"], ",.1f"),
+                fmt(m["p99_us"], ",.1f"),
+                fmt(m["max_us"], ",.0f"),
                 fmt(m["mean_us"], ",.1f"),
                 spread_text(m["spread"], ".1f") + ("" if m["check"] == "ok" else " " + m["check"]),
             ]
@@ -938,7 +1084,8 @@ def print_results(medians: dict[RunKey, dict[str, Any]]) -> None:
     chosen = [k for k in keys if k.task == "ra"]
     if chosen:
         print(f"\n{TASK_TITLES['ra']}:\n")
-        headers = ["wl", "cache", "contender", "p50 us", "p90 us", "mean us", "runs (p50 us)"]
+        headers = ["wl", "cache", "contender", "p50 us", "p90 us", "p99 us", "max us", "mean us"]
+        headers.append("runs (p50 us)")
         print("\n".join(markdown_table(headers, latency_rows(medians, chosen))))
 
 
@@ -977,11 +1124,21 @@ def print_targets(rows: Sequence[dict[str, Any]]) -> None:
             r["workload"],
             r["cache"],
             fmt(r["ratio"], ".3f"),
-            "?" if r["met"] is None else ("met" if r["met"] else "NOT MET"),
+            verdict(r),
+            fmt(r.get("floor_ratio"), ".3f"),
         ]
         for r in rows
     ]
-    print("\n".join(markdown_table(["target", "wl", "cache", "ratio", "verdict"], table)))
+    headers = ["target", "wl", "cache", "ratio", "verdict", "floor's ratio"]
+    print("\n".join(markdown_table(headers, table)))
+
+
+def verdict(row: dict[str, Any]) -> str:
+    if row["met"] is None:
+        return "?"
+    if row["met"]:
+        return "met"
+    return "NOT MET, bounded by the floor" if row.get("bounded") else "NOT MET"
 
 
 def print_cold_check(medians: dict[RunKey, dict[str, Any]]) -> None:

@@ -394,14 +394,25 @@ class Floor:
     def __iter__(self) -> Iterator[Sample]:
         import mmap
 
-        mapped = mmap.mmap(self.fd, 0, access=mmap.ACCESS_READ)
-        mapped.madvise(mmap.MADV_WILLNEED)  # as txstore does for a chunk it reads whole
-        view, size, key, digest = memoryview(mapped), self.size, self.key, self.hash
-        for i in range(self.count):
-            value = view[i * size : (i + 1) * size]
-            if self.mode != "copy":
-                digest(value)
-            yield {"id": i, key: value if self.mode == "hash" else bytes(value)}
+        size, key, digest = self.size, self.key, self.hash
+        # A map per CHUNK_BYTES of payloads, dropped once read, as readers of chunks do: one
+        # map of the whole file pins every page read in this process.
+        per_map = max(1, CHUNK_BYTES // size)
+        for first in range(0, self.count, per_map):
+            start = first * size
+            offset = start - start % mmap.ALLOCATIONGRANULARITY
+            length = min(per_map, self.count - first) * size + start - offset
+            mapped = mmap.mmap(self.fd, length, access=mmap.ACCESS_READ, offset=offset)
+            mapped.madvise(mmap.MADV_WILLNEED)  # as txstore does for a chunk it reads whole
+            view = memoryview(mapped)
+            at = start - offset
+            for i in range(first, min(first + per_map, self.count)):
+                value = view[at : at + size]
+                at += size
+                if self.mode != "copy":
+                    digest(value)
+                yield {"id": i, key: value if self.mode == "hash" else bytes(value)}
+            del view, mapped  # unmapped once the last value handed out is dropped
 
     def __getitem__(self, i: int) -> Sample:
         start = i * self.size

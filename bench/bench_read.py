@@ -846,8 +846,9 @@ class Target:
     same) must be >= (higher) or <= (lower) ``bound``; without a peer, over ``scale``.
 
     With a ``floor`` (a Floor variant of the same task), a miss is *bounded* when the floor's
-    figure misses as well: no reader doing that much work reaches the target on this
-    machine (for a peer of txstore's own variant, the floor's own two fields are compared).
+    figure misses as well and txstore's is no better than the floor's: no reader doing that
+    much work reaches the target on this machine (for a peer of txstore's own variant, the
+    floor's own two fields are compared).
     """
 
     name: str
@@ -974,6 +975,14 @@ def passes(t: Target, value: float) -> bool:
     return value >= t.bound if t.better == "higher" else value <= t.bound
 
 
+def bounded(t: Target, value: float | None, floor: float | None) -> bool:
+    """Whether a miss is the floor's: the floor misses too, and txstore does not beat it (a
+    reader that does, with threads or less work, shows the floor is not the limit)."""
+    if value is None or floor is None or passes(t, value) or passes(t, floor):
+        return False
+    return floor >= value if t.better == "higher" else floor <= value
+
+
 def target_ratio(
     medians: dict[RunKey, dict[str, Any]], t: Target, workload: str, cache: str, ours: str
 ) -> tuple[float | None, bool]:
@@ -1010,9 +1019,7 @@ def target_rows(
                         "met": met,
                         "floor": None if t.floor is None else find_variant(t.task, t.floor).label,
                         "floor_ratio": floor,
-                        "bounded": bool(
-                            met is False and floor is not None and not passes(t, floor)
-                        ),
+                        "bounded": bounded(t, value, floor),
                     }
                 )
     return rows

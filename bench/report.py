@@ -658,7 +658,8 @@ def read_section(report: Report, workers_report: Report | None, plots: Plots) ->
             "figure for the floor named by the target (a checked copy for the default "
             "reader, a checked view for zero_copy, a pread and hash of the 64 KiB block for "
             "`ds[i]`, a bare pread for the tail); a miss is *bounded* when the floor misses "
-            "too, so that no reader doing that work meets the target on this machine:\n\n"
+            "too and txstore does no better than the floor, so that no reader doing that work "
+            "meets the target on this machine:\n\n"
             + table(["target", "wl", "cache", "ratio", "", "floor's ratio"], targets)
             + "\n"
         )

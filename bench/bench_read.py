@@ -70,6 +70,7 @@ NUM_WORKERS = 2
 RANDOM_INDICES = 5_000
 QUICK_RANDOM_INDICES = 1_000
 INDEX_SEED = 1234
+ORDER_SEED = 5678
 RSS_INTERVAL_S = 0.02
 CHILD_TIMEOUT_S = 3600
 STORES = ("txstore", "litdata", "mds", "memory", "floor")
@@ -119,6 +120,10 @@ TASK_TITLES = {
     "ra": "random access ds[i]",
 }
 PRIMARY = {"seq": "samples_per_s", "dl": "samples_per_s", "ra": "p50_us"}
+
+
+#: Results are listed in the order of VARIANTS, whatever order they ran in.
+RUN_ORDER = {(v.task, v.key): i for i, v in enumerate(VARIANTS)}
 
 
 def find_variant(task: str, key: str) -> Variant:
@@ -702,16 +707,36 @@ def run_rounds(
     variants: Sequence[Variant],
     args: argparse.Namespace,
 ) -> dict[RunKey, list[dict[str, Any]]]:
-    """Round robin: each repeat runs every cache state, task and contender once."""
+    """Round robin: each repeat runs every cache state, task and contender once, the
+    contenders of a task in a seeded random order of the repeat's own, so that none always
+    follows the same one (a run after one that freed gigabytes meets memory the VM has
+    handed back to its host, which is slow to touch again)."""
     runs: dict[RunKey, list[dict[str, Any]]] = {}
     for repeat in range(args.repeat):
         for cache in args.caches:
-            for v in variants:
-                for workers in args.workers if v.task == "dl" else [NUM_WORKERS]:
-                    key = RunKey(workload.name, cache, v.task, v.key, workers)
-                    result = run_one(workload, datasets[v.store], key, args, repeat)
+            order = random.Random(f"{ORDER_SEED}/{workload.name}/{cache}/{repeat}")
+            for task in dict.fromkeys(v.task for v in variants):
+                keys = [
+                    RunKey(workload.name, cache, v.task, v.key, workers)
+                    for v in variants
+                    if v.task == task
+                    for workers in (args.workers if v.task == "dl" else [NUM_WORKERS])
+                ]
+                order.shuffle(keys)
+                for key in keys:
+                    store = find_variant(key.task, key.variant).store
+                    result = run_one(workload, datasets[store], key, args, repeat)
                     runs.setdefault(key, []).append(result)
-    return runs
+    return dict(
+        sorted(
+            runs.items(),
+            key=lambda item: (
+                args.caches.index(item[0].cache),
+                RUN_ORDER[item[0].task, item[0].variant],
+                item[0].workers,
+            ),
+        )
+    )
 
 
 def run_one(

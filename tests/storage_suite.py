@@ -174,6 +174,10 @@ class StorageSuite:
         view = storage.read_buffer("chunks/big.chunk")
         assert bytes(view) == payload
         assert bytes(storage.read_buffer("chunks/empty.chunk")) == b""
+        # The tail a reader wants first (a footer) changes nothing it gets, whatever its size.
+        for tail in (1, 300, 4096, 4097, len(payload), len(payload) + 5000):
+            assert bytes(storage.read_buffer("chunks/big.chunk", tail=tail)) == payload
+        assert bytes(storage.read_buffer("chunks/empty.chunk", tail=100)) == b""
         # A reader holding a chunk keeps its bytes while maintenance deletes the file.
         storage.delete("chunks/big.chunk")
         assert bytes(view[-300:]) == payload[-300:]

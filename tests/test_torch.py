@@ -331,6 +331,44 @@ def test_chunks_are_read_ahead_only_once_the_first_sample_is_out(
     assert set(submitted) == set(chunks)
 
 
+def test_a_loader_reads_chunks_ahead_only_once_its_first_batch_is_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through a StreamingDataLoader, the first batch needs only the first chunk: no other is
+    read ahead before its last sample, so that their reads and checks do not delay it. Then
+    they are, and every sample comes once."""
+    store = _store(str(tmp_path / "s"))
+    chunks = [c.path for c in store.snapshot().chunks()]
+    batch = 16
+    assert store.snapshot().chunks()[0].num_samples > batch
+    submitted: list[str] = []
+    submit = ThreadPoolExecutor.submit
+
+    def record(pool: Any, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        if getattr(fn, "__name__", "") == "_fetch":
+            submitted.append(args[0].path)
+        return submit(pool, fn, *args, **kwargs)
+
+    monkeypatch.setattr(ThreadPoolExecutor, "submit", record)
+    seen: list[list[str]] = []
+
+    def note(sample: dict[str, Any]) -> dict[str, Any]:
+        seen.append(list(submitted))
+        return sample
+
+    ds = StreamingDataset(store.snapshot(), prefetch_chunks=3, transform=note)
+    loader = StreamingDataLoader(ds, batch_size=batch)
+    assert sorted(_ids(loader)) == list(range(N))
+    assert seen[:batch] == [[chunks[0]]] * batch
+    assert len(seen[batch]) > 1  # read ahead while the next batch is made
+    assert set(submitted) == set(chunks)
+    # A dataset read alone reads ahead after its first sample, as before.
+    submitted.clear()
+    seen.clear()
+    assert sorted(int(s["id"]) for s in ds) == list(range(N))
+    assert seen[0] == [chunks[0]] and len(seen[1]) > 1
+
+
 @pytest.mark.parametrize("cached", [True, False])
 def test_chunks_in_memory_are_checked_on_one_thread_and_chunks_on_disk_on_several(
     tmp_path: Path, cached: bool, monkeypatch: pytest.MonkeyPatch

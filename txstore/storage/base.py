@@ -100,9 +100,11 @@ class Storage(ABC):
                 found.append(None)
         return found
 
-    def read_buffer(self, key: str) -> bytes | memoryview:
+    def read_buffer(self, key: str, tail: int = 0) -> bytes | memoryview:
         """The whole object, as ``read``; where a backend can, a read-only view of a mapped
-        file instead: no copy, no fresh memory. Only for objects never rewritten (chunks)."""
+        file instead: no copy, no fresh memory. Only for objects never rewritten (chunks).
+        ``tail``: the reader needs the object's last ``tail`` bytes first (a chunk's footer);
+        a backend that reads the object ahead asks for those before the rest."""
         return self.read(key)
 
     def read_reusing(self, key: str, buffer: ReusedBuffer) -> bytes | memoryview:

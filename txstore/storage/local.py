@@ -390,14 +390,20 @@ class LocalStorage(Storage):
                 self._maps.popitem(last=False)
         return kept
 
-    def read_buffer(self, key: str) -> bytes | memoryview:
+    def read_buffer(self, key: str, tail: int = 0) -> bytes | memoryview:
         mapped = self._map(key)
         if mapped is None:
             return b""
         if hasattr(mmap, "MADV_WILLNEED"):
             # Read a cold file ahead of the decoder, without waiting for it: the first
             # sample is ready after one page, where MAP_POPULATE would read all 64 MiB first.
+            # The tail (the footer, read before any sample) is asked for first: the disk
+            # serves requests in order, and behind the whole file's it waited for all of it.
             with contextlib.suppress(OSError):
+                size = len(mapped)
+                start = max(0, size - tail) // mmap.PAGESIZE * mmap.PAGESIZE
+                if tail > 0 and start > 0:
+                    mapped.madvise(mmap.MADV_WILLNEED, start, size - start)
                 mapped.madvise(mmap.MADV_WILLNEED)
         return memoryview(mapped)
 

@@ -199,7 +199,7 @@ class ChunkCache:
         try:
             if self._copy_reads:
                 return self.local.read(src.path)
-            return self.local.read_buffer(src.path)
+            return self.local.read_buffer(src.path, tail=src.size - src.footer_offset)
         except NotFoundError:
             return None
         except StorageError as e:

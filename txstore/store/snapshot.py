@@ -337,7 +337,7 @@ class ChunkReader:
         if logger.isEnabledFor(logging.DEBUG):
             _fetching(self.storage, src.path, 0, src.size, "whole file")
         try:
-            return self.storage.read_buffer(src.path)
+            return self.storage.read_buffer(src.path, tail=src.size - src.footer_offset)
         except NotFoundError:
             raise self._missing(src.path, version) from None
 

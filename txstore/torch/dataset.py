@@ -577,6 +577,9 @@ class StreamingDataset(SnapshotDataset):
         self._sizes = [c.num_samples for c in self._chunks]
         self.skip = {}
         self._views_for_collate = False  # set by a StreamingDataLoader while it iterates
+        # Samples to yield before reading other chunks ahead: the first batch of a
+        # StreamingDataLoader (set while it iterates), else the first sample.
+        self._first_batch = 1
         self._pid = os.getpid()
 
     def release_lease(self) -> None:
@@ -706,6 +709,7 @@ class StreamingDataset(SnapshotDataset):
         chunks = [self._chunks[p.chunk] for p in flat]
         # Without shuffle, the first sample needs only the first chunk's first block.
         stream = fetcher.stream(chunks, hold=not self.shuffle)
+        held = max(1, self._first_batch)
         try:
             if not self.shuffle:  # nothing to reorder: yield as blocks decode
                 for piece in (p for window in windows for p in window):
@@ -717,10 +721,14 @@ class StreamingDataset(SnapshotDataset):
                         rows = itertools.islice(rows, skip, None)
                     if transform is not None:
                         rows = map(transform, rows)
-                    for row in rows:  # the first sample of the piece, then the others
-                        fetcher.go_ahead()
+                    # Other chunks are read ahead once the first batch is out: on a cold
+                    # disk their reads queued before its pages, and warm, checking them took
+                    # the core from it.
+                    for row in itertools.islice(rows, held):
+                        held -= 1
+                        if not held:
+                            fetcher.go_ahead()
                         yield row
-                        break
                     yield from rows
                     skip = max(0, skip - (piece.stop - piece.start))
                     del fetched
@@ -949,6 +957,7 @@ class StreamingDataLoader(DataLoader[Any]):
             _write_control(self._control, dataset._iteration())
         if isinstance(dataset, StreamingDataset):
             dataset._views_for_collate = self._own_collate
+            dataset._first_batch = self.batch_size or 1
         batches: Any = None
         try:
             shipped, pin = self.num_workers > 0, self.pin_memory and _can_pin()
@@ -965,7 +974,7 @@ class StreamingDataLoader(DataLoader[Any]):
         finally:
             dataset.skip, dataset.rotation = {}, 0
             if isinstance(dataset, StreamingDataset):
-                dataset._views_for_collate = False
+                dataset._views_for_collate, dataset._first_batch = False, 1
         # A finished epoch resumes at the start of the next.
         self._delivered, dataset.todo, self._finished = {}, None, True
 

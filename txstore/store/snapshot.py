@@ -180,6 +180,19 @@ class ChunkReader:
         self.decoder = ValueDecoder()
         self._layouts: OrderedDict[str, ChunkLayout] = OrderedDict()
         self._lock = threading.Lock()
+        # Each chunk's files, by the id of its reference, which the entry keeps alive (so
+        # that its id is not reused): a random reader's sample no longer builds them anew.
+        self._files: dict[int, tuple[ChunkRef, list[ChunkFile]]] = {}
+
+    def _sources(self, chunk: ChunkRef) -> list[ChunkFile]:
+        found = self._files.get(id(chunk))
+        if found is not None:
+            return found[1]
+        files = _sources(chunk)
+        if len(self._files) >= _LAYOUT_CACHE:
+            self._files.clear()
+        self._files[id(chunk)] = (chunk, files)
+        return files
 
     def _where(self, path: str, version: int) -> str:
         return f"chunk {self.storage.uri}/{path} (version {version})"
@@ -253,7 +266,7 @@ class ChunkReader:
         views: bool = False,
     ) -> Sample:
         out: Sample = {}
-        for src in _sources(chunk):
+        for src in self._sources(chunk):
             # One sample need not pay for checking the frames of the whole chunk.
             layout = self.layout(src, version, lazy=True)
             block, i = layout.locate(index)
@@ -295,7 +308,7 @@ class ChunkReader:
         for _, group in groupby(order, key=lambda k: picks[k][0].path):
             ks = list(group)
             chunk = picks[ks[0]][0]
-            for src in _sources(chunk):
+            for src in self._sources(chunk):
                 layout = self.layout(src, version, lazy=True)
                 keep = self._keep(src, layout, fields)
                 names, starts = layout.columns, layout.block_starts

@@ -295,15 +295,9 @@ def test_a_damaged_chunk_raises_whether_read_first_or_ahead(tmp_path: Path, posi
     assert victim.path in str(caught.value) and how in str(caught.value)
 
 
-@pytest.mark.parametrize("shuffle", [False, True])
-def test_chunks_are_read_ahead_only_once_the_first_sample_is_out(
-    tmp_path: Path, shuffle: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Without shuffle, the first sample needs only the first chunk: reading others ahead
-    before it is out slowed it on a cold disk. With shuffle, the first window needs all of
-    its chunks at once. Either way, every sample comes once and every chunk is read."""
-    store = _store(str(tmp_path / "s"))
-    chunks = [c.path for c in store.snapshot().chunks()]
+def _record_fetches(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The paths of the chunks a StreamingDataset submits for reading, in order (the
+    submissions are observed and still made)."""
     submitted: list[str] = []
     submit = ThreadPoolExecutor.submit
 
@@ -313,6 +307,19 @@ def test_chunks_are_read_ahead_only_once_the_first_sample_is_out(
         return submit(pool, fn, *args, **kwargs)
 
     monkeypatch.setattr(ThreadPoolExecutor, "submit", record)
+    return submitted
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_chunks_are_read_ahead_only_once_the_first_sample_is_out(
+    tmp_path: Path, shuffle: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without shuffle, the first sample needs only the first chunk: reading others ahead
+    before it is out slowed it on a cold disk. With shuffle, the first window needs all of
+    its chunks at once. Either way, every sample comes once and every chunk is read."""
+    store = _store(str(tmp_path / "s"))
+    chunks = [c.path for c in store.snapshot().chunks()]
+    submitted = _record_fetches(monkeypatch)
     seen_at_first: list[list[str]] = []
 
     def note_first(sample: dict[str, Any]) -> int:
@@ -341,15 +348,7 @@ def test_a_loader_reads_chunks_ahead_only_once_its_first_batch_is_out(
     chunks = [c.path for c in store.snapshot().chunks()]
     batch = 16
     assert store.snapshot().chunks()[0].num_samples > batch
-    submitted: list[str] = []
-    submit = ThreadPoolExecutor.submit
-
-    def record(pool: Any, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
-        if getattr(fn, "__name__", "") == "_fetch":
-            submitted.append(args[0].path)
-        return submit(pool, fn, *args, **kwargs)
-
-    monkeypatch.setattr(ThreadPoolExecutor, "submit", record)
+    submitted = _record_fetches(monkeypatch)
     seen: list[list[str]] = []
 
     def note(sample: dict[str, Any]) -> dict[str, Any]:

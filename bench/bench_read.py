@@ -378,10 +378,11 @@ class Floor:
     """The workload's payloads in one plain file, read the least way a reader can hand
     them out (``mode``): the machine's limit for each reader, in the same run.
 
-    seq: over one map of the file, ``copy`` copies each payload into ``bytes`` (an unchecked
-    copying reader), ``hash`` hashes it and hands out the view (a checked zero-copy reader),
-    ``hashcopy`` both (a checked copying reader). ra: ``pread`` reads the sample's own bytes,
-    ``block`` reads and hashes the ``FLOOR_BLOCK`` around it and copies the sample out.
+    seq: over maps of the file (``CHUNK_BYTES`` each), ``copy`` copies each payload into
+    ``bytes`` (an unchecked copying reader), ``hash`` hashes it and hands out the view (a
+    checked zero-copy reader), ``hashcopy`` both (a checked copying reader). ra: ``pread``
+    reads the sample's own bytes, ``block`` reads and hashes the ``FLOOR_BLOCK`` around it
+    and copies the sample out.
     """
 
     def __init__(self, path: Path, workload: Workload, mode: str) -> None:

@@ -401,8 +401,8 @@ class LocalStorage(Storage):
             # serves requests in order, and behind the whole file's it waited for all of it.
             with contextlib.suppress(OSError):
                 size = len(mapped)
-                start = max(0, size - tail) // mmap.PAGESIZE * mmap.PAGESIZE
-                if tail > 0 and start > 0:
+                if 0 < tail < size:
+                    start = (size - tail) // mmap.PAGESIZE * mmap.PAGESIZE
                     mapped.madvise(mmap.MADV_WILLNEED, start, size - start)
                 mapped.madvise(mmap.MADV_WILLNEED)
         return memoryview(mapped)

@@ -38,14 +38,21 @@ from .context import StoreContext
 from .forkpool import fork_pool, job
 from .history import Commit
 from .progress import QUIET, Progress, Stage
-from .snapshot import ChunkReader, Fetched, Runs, Sample, Snapshot, map_threads
+from .snapshot import (
+    ChunkReader,
+    Fetched,
+    Runs,
+    Sample,
+    Snapshot,
+    check_field_list,
+    map_threads,
+)
 
 _MAX_ROUNDS = 20  # rounds of catching up with concurrent appends before giving up
 
 
 def _check_names(fields: Iterable[str]) -> tuple[str, ...]:
-    if isinstance(fields, str | bytes) or not isinstance(fields, Iterable):
-        raise TypeError(f"fields must be a list of field names, not {fields!r}")
+    check_field_list(fields)
     names = tuple(fields)
     if not names or not all(isinstance(f, str) and f for f in names):
         raise ValueError("fields must be a non-empty list of field names")

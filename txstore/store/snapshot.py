@@ -39,7 +39,7 @@ from ..format.chunk import (
     select_frames,
 )
 from ..format.codec import chunk_digest, crc32
-from ..format.manifest import ChunkFile, ChunkRef, Manifest, base_file, chunk_files
+from ..format.manifest import ChunkFile, ChunkRef, Manifest, chunk_files
 from ..format.values import ABSENT, ValueDecoder
 from ..storage import Storage, open_storage
 from ..txn.log import VersionLog
@@ -188,7 +188,7 @@ class ChunkReader:
         found = self._files.get(id(chunk))
         if found is not None:
             return found[1]
-        files = _sources(chunk)
+        files = chunk_files(chunk)  # the chunk file, then its field files
         if len(self._files) >= _LAYOUT_CACHE:
             self._files.clear()
         self._files[id(chunk)] = (chunk, files)
@@ -532,6 +532,13 @@ def _sample_index(index: Any) -> int:
         ) from None
 
 
+def check_field_list(fields: Any) -> None:
+    """TypeError unless ``fields`` is a collection of names: a lone ``str`` is one too, of
+    letters, and almost always a mistake."""
+    if isinstance(fields, str | bytes) or not isinstance(fields, Iterable):
+        raise TypeError(f"fields must be a list of field names, not {fields!r}")
+
+
 class Snapshot(Sequence[Sample]):
     """The samples of one committed version, in commit order.
 
@@ -634,8 +641,7 @@ class Snapshot(Sequence[Sample]):
         Finding out reads every chunk's footer, and the frames of columns some samples of a
         block lack.
         """
-        if isinstance(fields, str | bytes) or not isinstance(fields, Iterable):
-            raise TypeError(f"fields must be a list of field names, not {fields!r}")
+        check_field_list(fields)
         wanted = frozenset(fields)
         for name in wanted:
             if not isinstance(name, str):
@@ -971,11 +977,6 @@ class Snapshot(Sequence[Sample]):
         ``size_limit``, ``storage_options``, ``progress``
         (``txstore.export_mds``)."""
         return exports.export_mds(self, dest, **options)
-
-
-def _sources(chunk: ChunkRef) -> list[ChunkFile]:
-    """The files a sample of ``chunk`` is read from: the chunk file, then its field files."""
-    return chunk_files(chunk) if chunk.field_files else [base_file(chunk)]
 
 
 class _ChunkTables:

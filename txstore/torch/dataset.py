@@ -709,7 +709,7 @@ class StreamingDataset(SnapshotDataset):
         chunks = [self._chunks[p.chunk] for p in flat]
         # Without shuffle, the first sample needs only the first chunk's first block.
         stream = fetcher.stream(chunks, hold=not self.shuffle)
-        held = max(1, self._first_batch)
+        held = self._first_batch
         try:
             if not self.shuffle:  # nothing to reorder: yield as blocks decode
                 for piece in (p for window in windows for p in window):

@@ -197,14 +197,6 @@ def ministack_server() -> Iterator[S3Server]:
         proc.wait(10)
 
 
-@pytest.fixture(params=["moto", "ministack"])
-def race_server(request: pytest.FixtureRequest) -> S3Server:
-    """Each S3 server that the race tests run against."""
-    name = "s3_server" if request.param == "moto" else "ministack_server"
-    server: S3Server = request.getfixturevalue(name)
-    return server
-
-
 @pytest.fixture
 def proxy(s3_server: S3Server) -> Iterator[Any]:
     """A loopback proxy (tests/proxy.py) in front of the moto server, to lose or delay replies."""

@@ -1,10 +1,11 @@
 """Processes racing in lockstep: same txn_id, raw put-if-absent, plain appends.
 
-The S3 tests run against two servers: moto and ministack. moto's conditional check is not
-atomic under heavy preemption (see shared storage notes), so a rare double winner there is
-moto's; ministack is the strict one. Each child is a ``tests.workers serve`` process; the
-parent hands every child its request at the same moment, round after round, so the requests
-really overlap (a barrier, not a sleep).
+The S3 races run against ministack only: moto checks and writes a conditional put without a
+lock, so under preemption it rarely lets two creates of one key win (it has failed both the
+raw put race and the commit race here), which no client can prevent; ministack is strict.
+Each child is a ``tests.workers serve`` process; the parent hands every child its request
+at the same moment, round after round, so the requests really overlap (a barrier, not a
+sleep).
 """
 
 from __future__ import annotations
@@ -87,13 +88,12 @@ def racing(backend: Backend, n: int, variant: str = "") -> Iterator[Racers]:
         racers.close()
 
 
-@pytest.fixture(params=["local", "moto", "ministack"])
+@pytest.fixture(params=["local", "ministack"])
 def race_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
     if request.param == "local":
         return Backend("local", str(tmp_path / "store"))
-    fixture = "s3_server" if request.param == "moto" else "ministack_server"
-    server: S3Server = request.getfixturevalue(fixture)
-    return Backend(request.param, f"s3://{server.new_bucket()}/store", server.options)
+    server: S3Server = request.getfixturevalue("ministack_server")
+    return Backend("s3", f"s3://{server.new_bucket()}/store", server.options)
 
 
 def test_same_txn_id_from_several_processes_lands_once(
@@ -133,9 +133,6 @@ def put_race(backend: Backend, rounds: int, racers_n: int = 4) -> None:
 
 
 def test_racing_put_if_absent_has_one_winner_across_processes(ministack_server: S3Server) -> None:
-    # The raw create race asks the server alone for one winner: on the strict server only
-    # (moto checks and writes without a lock and, rarely, lets two creates win; the commit
-    # races below still run on it).
     server = ministack_server
     put_race(Backend("s3", f"s3://{server.new_bucket()}/raw", server.options), 30)
 
@@ -163,9 +160,10 @@ def lockstep_appends(
     return history, acks, errors + found
 
 
-def test_lockstep_racing_appends_land_exactly_once(race_server: S3Server) -> None:
+def test_lockstep_racing_appends_land_exactly_once(ministack_server: S3Server) -> None:
     """4 processes x 8 appends, each round started together: every one lands once."""
-    backend = Backend("s3", f"s3://{race_server.new_bucket()}/store", race_server.options)
+    server = ministack_server
+    backend = Backend("s3", f"s3://{server.new_bucket()}/store", server.options)
     writers, rounds = 4, 8  # each round is a 4-way race for one version, then for the next
     history, acks, found = lockstep_appends(backend, writers, rounds)
     assert found == []

@@ -417,3 +417,42 @@ def test_aborting_a_part_that_names_committed_chunks_deletes_none_of_them(
     assert raw(backend).exists(committed.path)
     assert samples(txstore.open(backend.uri, **backend.kwargs())) == before
     assert txstore.open(backend.uri, **backend.kwargs()).verify().ok
+
+
+# -- the one-pass check of a document's many paths ---------------------------------------------
+
+GOOD = ChunkRef(path="chunks/good.chunk", num_samples=1, size=10, crc32=0, footer_offset=5)
+EXTRA = fmt.FieldFile(path="chunks/good.f1", size=10, crc32=0, footer_offset=5, columns=("x",))
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "chunks/a\nchunks/b",  # two names to a one-name-a-line check: a folder "a\nchunks"
+        "chunks/a\n",
+        "chunks/sub/a.chunk",
+        "versions/x.chunk",
+        "chunks/.hidden",
+    ],
+)
+@pytest.mark.parametrize("where", ["chunk", "field file"])
+def test_a_segment_among_many_good_paths_refuses_the_one_bad_one(bad: str, where: str) -> None:
+    wrong = (
+        msgspec.structs.replace(GOOD, path=bad)
+        if where == "chunk"
+        else msgspec.structs.replace(GOOD, field_files=(msgspec.structs.replace(EXTRA, path=bad),))
+    )
+    chunks = (GOOD,) * 40 + (wrong,) + (msgspec.structs.replace(GOOD, field_files=(EXTRA,)),) * 9
+    data = fmt.encode(Segment(chunks=chunks))
+    with pytest.raises(CorruptError, match=r"^seg\.json names (an unsafe path|a data file ou)"):
+        fmt.decode(data, Segment, "seg.json")
+    assert fmt.decode(fmt.encode(Segment(chunks=chunks[:40])), Segment, "seg.json").chunks
+
+
+@pytest.mark.parametrize("bad", ["segments/a\nsegments/b", "segments/a/b.json", "chunks/a.json"])
+def test_a_segment_node_among_many_good_paths_refuses_the_one_bad_one(bad: str) -> None:
+    good = SegmentRef(path="segments/a.json", num_samples=1, num_chunks=1, size=9, crc32=0)
+    refs = (good,) * 20 + (msgspec.structs.replace(good, path=bad),) + (good,) * 5
+    data = fmt.encode(fmt.SegmentNode(segments=refs))
+    with pytest.raises(CorruptError, match=r"^node\.json names (an unsafe path|a data file ou)"):
+        fmt.decode(data, fmt.SegmentNode, "node.json")

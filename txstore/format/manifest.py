@@ -9,6 +9,7 @@ its data folder.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -92,6 +93,39 @@ def check_chunk_paths(chunk: ChunkRef, where: str) -> None:
     check_data_path(chunk.path, CHUNKS, where)
     for extra in chunk.field_files:
         check_data_path(extra.path, CHUNKS, where)
+
+
+# Data file names, one per line: a name cannot hold a newline, so the lines are the names.
+_DATA_LINES = {
+    folder: re.compile(rf"(?:{re.escape(folder)}{_DATA_NAME.pattern}\n)*")
+    for folder in DATA_PREFIXES
+}
+
+
+def _all_data_paths(paths: list[str], folder: str) -> bool:
+    """Whether every path lies directly in ``folder``: one match over them all, not one a
+    path (a leaf segment names hundreds of chunks, and every open reads one)."""
+    lines = "\n".join(paths) + "\n"
+    # A path holding a newline would pass as two names: the count of lines rules it out.
+    return lines.count("\n") == len(paths) and _DATA_LINES[folder].fullmatch(lines) is not None
+
+
+def check_chunk_refs(chunks: Sequence[ChunkRef], where: str) -> None:
+    """Chunk references' files lie in ``chunks/`` and their footers inside them."""
+    paths = [c.path for c in chunks]
+    for chunk in chunks:
+        if chunk.field_files:
+            paths += [extra.path for extra in chunk.field_files]
+    clean = _all_data_paths(paths, CHUNKS)
+    if clean and not any([c.footer_offset > c.size for c in chunks]):
+        return
+    for chunk in chunks:  # say which reference is wrong
+        check_chunk_paths(chunk, where)
+        if chunk.footer_offset > chunk.size:
+            raise CorruptError(
+                f"{where} is not a valid segment: chunk {chunk.path!r} has its footer at "
+                f"{chunk.footer_offset}, past the file's size {chunk.size}"
+            )
 
 
 #: A new store's settings unless its creator says otherwise (``create``, ``optimize``).
@@ -452,8 +486,9 @@ def _check_references(doc: _Document, where: str) -> None:
     """The paths a document names are data files in their folders; a segment's chunks have
     their footers inside them."""
     if isinstance(doc, (Manifest, SegmentNode)):
-        for seg in doc.segments:
-            check_data_path(seg.path, SEGMENTS, where)
+        if not _all_data_paths([seg.path for seg in doc.segments], SEGMENTS):
+            for seg in doc.segments:
+                check_data_path(seg.path, SEGMENTS, where)
     elif isinstance(doc, VacuumState):
         # The incremental vacuum deletes what ``dead`` names: a key outside the data folders,
         # or a version past ``through``, is damage or forgery.
@@ -466,10 +501,4 @@ def _check_references(doc: _Document, where: str) -> None:
                     f"version {doc.through} where it left off"
                 )
     elif isinstance(doc, Segment):
-        for chunk in doc.chunks:
-            check_chunk_paths(chunk, where)
-            if chunk.footer_offset > chunk.size:
-                raise CorruptError(
-                    f"{where} is not a valid segment: chunk {chunk.path!r} has its footer at "
-                    f"{chunk.footer_offset}, past the file's size {chunk.size}"
-                )
+        check_chunk_refs(doc.chunks, where)

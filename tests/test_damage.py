@@ -109,6 +109,24 @@ def test_newer_major_format_is_refused(backend: Backend) -> None:
         _reopen(backend).snapshot(4)
 
 
+@pytest.mark.parametrize(
+    "again, refused",
+    [('"format":"other"', CorruptError), ('"format_version":[2,0]', UnsupportedFormatError)],
+)
+def test_a_manifest_naming_its_format_twice_is_judged_by_the_last(
+    backend: Backend, again: str, refused: type[Exception]
+) -> None:
+    """A manifest that starts as txstore's own writer starts one, then names another format
+    or a newer major version: JSON's last value counts, so it is refused."""
+    _, raw = _store(backend)
+    data = raw.read(manifest_key(4))
+    assert data.startswith(b'{"type":"manifest","format":"txstore","format_version":[1,')
+    raw.write(manifest_key(4), data[:-1] + b"," + again.encode() + b"}")
+    with pytest.raises(refused):
+        _reopen(backend).snapshot(4)
+    assert len(_reopen(backend).snapshot(3)) == 30
+
+
 def test_newer_minor_format_with_new_fields_reads(backend: Backend) -> None:
     _, raw = _store(backend)
     _rewrite_manifest(raw, 4, lambda d: d.update(format_version=[1, 7], new_thing=1))

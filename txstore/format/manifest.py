@@ -458,8 +458,8 @@ def encode(doc: _Document) -> bytes:
     return _encoder.encode(doc)
 
 
-def decode(data: bytes, kind: type[D], where: str) -> D:
-    """Decode a document, telling foreign, newer and damaged documents apart."""
+def _check_envelope(data: bytes, where: str) -> None:
+    """Refuse a document that is not JSON, not txstore's, or of a newer major version."""
     try:
         env = msgspec.json.decode(data, type=_Envelope)
     except msgspec.DecodeError as e:
@@ -474,10 +474,34 @@ def decode(data: bytes, kind: type[D], where: str) -> D:
             f"{where} is format {version[0]}.{version[1]}; this txstore reads "
             f"{FORMAT_MAJOR}.x: upgrade txstore"
         )
+
+
+_prefixes: dict[type, bytes] = {}
+
+
+def _own_prefix(kind: type[_Document]) -> bytes:
+    """How ``encode`` starts a document of ``kind``: its type, txstore's format name and this
+    major version. A document that starts so needs no envelope decode first."""
+    prefix = _prefixes.get(kind)
+    if prefix is None:
+        tag = _encoder.encode(kind.__struct_config__.tag)
+        name = _encoder.encode(FORMAT)
+        prefix = b'{"type":%s,"format":%s,"format_version":[%d,' % (tag, name, FORMAT_MAJOR)
+        _prefixes[kind] = prefix
+    return prefix
+
+
+def decode(data: bytes, kind: type[D], where: str) -> D:
+    """Decode a document, telling foreign, newer and damaged documents apart."""
+    if not (isinstance(data, bytes) and data.startswith(_own_prefix(kind))):
+        _check_envelope(data, where)  # another writer's spelling: its envelope first
     try:
         doc = msgspec.json.decode(data, type=kind)
     except msgspec.DecodeError as e:  # ValidationError too; invalid UTF-8 in a string
         raise CorruptError(f"{where} is not a valid {kind.__name__.lower()}: {e}") from e
+    if doc.format != FORMAT or doc.format_version[0] > FORMAT_MAJOR:  # a key given twice
+        _check_envelope(data, where)
+        raise CorruptError(f"{where} names its format twice")
     _check_references(doc, where)
     return doc
 

@@ -201,6 +201,7 @@ def _segment() -> None:
     assert set(json.loads(_json("segment"))["chunks"][0]) == _struct_fields(ChunkRef)
     assert ref.digest is not None and _HEX16.fullmatch(ref.digest)  # "16 lowercase hex digits"
     assert ref.footer_offset <= ref.size
+    assert seg.counts == (ref.num_samples,)  # "each chunk's num_samples"
 
 
 def _segment_node() -> None:

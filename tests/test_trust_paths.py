@@ -96,7 +96,7 @@ def forge_version(storage: Storage, chunk: ChunkRef) -> int:
     """Commit, by hand, a version whose new segment names ``chunk``."""
     v = max(int(f.key.split(".v")[1].split(".")[0]) for f in storage.list("versions/index."))
     parent = fmt.decode(storage.read(manifest_key(v)), Manifest, "test")
-    data = fmt.encode(Segment(chunks=(chunk,)))
+    data = fmt.encode(Segment(chunks=(chunk,), counts=(chunk.num_samples,)))
     ref = SegmentRef(
         path=f"segments/{uuid.uuid4().hex}.json",
         num_samples=chunk.num_samples,
@@ -136,6 +136,10 @@ def test_forged_segment_naming_a_metadata_folder_is_refused(backend: Backend, pa
         CorruptError, match=rf"segments/.*names a data file outside chunks/.*{path}"
     ):
         samples(fresh, forged)
+    with pytest.raises(  # one sample: its chunk reference alone decoded, and checked
+        CorruptError, match=rf"segments/.*names a data file outside chunks/.*{path}"
+    ):
+        later(backend).snapshot(forged)[-1]
     reopened = later(backend)
     assert samples(reopened, forged - 1) == before
     assert set(reopened.tags()) == {"paper"}

@@ -122,6 +122,7 @@ def _replace_chunk(store: txstore.Store, data: bytes, num_samples: int | None = 
         if num_samples is not None:
             delta = num_samples - chunk["num_samples"]
             chunk["num_samples"] = num_samples
+            segment["counts"][0] = num_samples  # the segment agrees with itself (1.4)
             manifest["segments"][0]["num_samples"] += delta
             manifest["num_samples"] += delta
 
@@ -184,6 +185,7 @@ def test_a_chunk_reference_miscounting_its_footer_is_corrupt(tmp_path: Path, off
 
     def change(segment: Json, manifest: Json) -> None:
         segment["chunks"][0]["num_samples"] += off_by
+        segment["counts"][0] += off_by
         manifest["segments"][0]["num_samples"] += off_by
         manifest["num_samples"] += off_by
 
@@ -197,6 +199,29 @@ def test_a_chunk_reference_miscounting_its_footer_is_corrupt(tmp_path: Path, off
         snap[len(snap) - 1]
     report = txstore.open(store.uri).verify(deep=True)
     assert any(path in f"{p.key} {p.message}" for p in report.problems)
+
+
+@pytest.mark.parametrize("which", ["counts", "chunk"])
+def test_a_segment_whose_counts_are_not_its_chunks_is_corrupt(tmp_path: Path, which: str) -> None:
+    """Counts (1.4) that say another number of samples than a chunk reference: refused by a
+    reader of one sample (which decodes only that reference) and by a whole read alike."""
+    store = _store(tmp_path)
+    store.append([{"i": 60 + i} for i in range(5)])  # a second chunk: counts [60, 5]
+
+    def change(segment: Json, manifest: Json) -> None:
+        assert segment["counts"] == [c["num_samples"] for c in segment["chunks"]] == [60, 5]
+        if which == "counts":
+            segment["counts"] = [61, 4]
+        else:  # the segment's totals still agree with its reference: only the counts do not
+            segment["chunks"][0]["num_samples"] = 61
+            segment["chunks"][1]["num_samples"] = 4
+
+    version = _forge_segment(store, change)
+    snap = txstore.open(store.uri).snapshot(version)
+    with pytest.raises(CorruptError, match=r"segments/.*(counts|count says)"):
+        snap[0]
+    with pytest.raises(CorruptError, match=r"segments/.*counts are not its chunks"):
+        list(txstore.open(store.uri).snapshot(version))
 
 
 def test_a_manifest_counting_samples_its_segments_do_not_hold_is_corrupt(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ import msgspec
 from ..errors import CorruptError, UnsupportedFormatError
 
 FORMAT = "txstore"
-FORMAT_MAJOR, FORMAT_MINOR = 1, 3
+FORMAT_MAJOR, FORMAT_MINOR = 1, 4
 
 _SAFE_PATH = re.compile(r"[A-Za-z0-9_.\-]+(/[A-Za-z0-9_.\-]+)*")
 
@@ -256,6 +256,46 @@ class _Document(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
 
 class Segment(_Document, tag="segment", kw_only=True, frozen=True):
     chunks: tuple[ChunkRef, ...]
+    #: 1.4: each chunk's ``num_samples``, in order (None: written before 1.4), so a reader of
+    #: one sample finds its chunk without decoding every reference (``SegmentIndex``).
+    counts: tuple[Count, ...] | None = None
+
+
+#: A segment's chunk references, each left as its JSON.
+RawRefs = list[msgspec.Raw]
+
+
+class SegmentIndex(_Document, tag="segment", kw_only=True, frozen=True):
+    """A segment as a reader of one sample decodes it: its counts, and each chunk reference
+    left as JSON until it is needed (``segment_chunk``)."""
+
+    chunks: RawRefs
+    counts: tuple[Count, ...] | None = None
+
+
+def counts_match(doc: Segment, where: str) -> None:
+    """A 1.4 segment's counts are its chunks' sample counts."""
+    if doc.counts is not None and list(doc.counts) != [c.num_samples for c in doc.chunks]:
+        raise CorruptError(f"{where} is not a valid segment: its counts are not its chunks'")
+
+
+_chunk_decoder = msgspec.json.Decoder(ChunkRef)
+
+
+def segment_chunk(raw: msgspec.Raw, count: int, where: str) -> ChunkRef:
+    """One chunk reference of a ``SegmentIndex``, decoded and checked as a whole segment's
+    are, and holding the ``count`` samples the segment's counts say."""
+    try:
+        chunk = _chunk_decoder.decode(raw)
+    except msgspec.DecodeError as e:
+        raise CorruptError(f"{where} is not a valid segment: {e}") from e
+    check_chunk_refs((chunk,), where)
+    if chunk.num_samples != count:
+        raise CorruptError(
+            f"{where} is not a valid segment: chunk {chunk.path!r} holds {chunk.num_samples} "
+            f"samples, its count says {count}"
+        )
+    return chunk
 
 
 class SegmentNode(_Document, tag="segment-node", kw_only=True, frozen=True):
@@ -266,13 +306,18 @@ class SegmentNode(_Document, tag="segment-node", kw_only=True, frozen=True):
     segments: tuple[SegmentRef, ...]
 
 
-def check_segment(ref: SegmentRef, doc: Segment | SegmentNode, where: str) -> None:
+def check_segment(ref: SegmentRef, doc: Segment | SegmentIndex | SegmentNode, where: str) -> None:
     """A segment file decoded under ``ref`` holds what ``ref`` says: a segment at level 0, a
     node of non-empty references one level down above it, the same samples and chunks."""
-    if isinstance(doc, Segment):
+    if isinstance(doc, (Segment, SegmentIndex)):
         if ref.level != 0:
             raise CorruptError(f"{where} is a segment, its reference says level {ref.level}")
-        samples = sum(c.num_samples for c in doc.chunks)
+        if isinstance(doc, SegmentIndex):
+            if doc.counts is None or len(doc.counts) != len(doc.chunks):
+                raise CorruptError(f"{where} is not a valid segment: it has no count per chunk")
+            samples = sum(doc.counts)
+        else:
+            samples = sum(c.num_samples for c in doc.chunks)
         chunks = len(doc.chunks)
     else:
         if ref.level == 0:
@@ -526,3 +571,4 @@ def _check_references(doc: _Document, where: str) -> None:
                 )
     elif isinstance(doc, Segment):
         check_chunk_refs(doc.chunks, where)
+        counts_match(doc, where)

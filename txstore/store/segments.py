@@ -24,7 +24,14 @@ from itertools import accumulate
 from ..errors import ChecksumError, CorruptError, MissingDataError, NotFoundError
 from ..format import manifest as fmt
 from ..format.codec import crc32
-from ..format.manifest import ChunkRef, Segment, SegmentNode, SegmentRef
+from ..format.manifest import (
+    ChunkRef,
+    RawRefs,
+    Segment,
+    SegmentIndex,
+    SegmentNode,
+    SegmentRef,
+)
 from ..storage import Storage
 
 MAX_SEGMENT_CHUNKS = 512
@@ -35,13 +42,44 @@ _COUNTER_TAIL = MAX_SEGMENT_CHUNKS.bit_length()
 _CACHE_SEGMENTS = 256
 
 
-@dataclass(frozen=True)
 class Leaf:
-    """A segment (level 0) as read: its chunks and the first sample of each within it."""
+    """A segment (level 0) as read: the first sample of each chunk within it, and its chunks.
 
-    path: str
-    chunks: tuple[ChunkRef, ...]
-    starts: list[int]
+    A 1.4 segment read to find one sample (``lazy``) keeps its chunk references as JSON:
+    ``chunk(k)`` decodes and checks one, ``chunks`` all of them (a reader of one sample in a
+    leaf of hundreds of chunks decodes one reference, not every one)."""
+
+    __slots__ = ("_chunks", "_data", "_one", "_raws", "_where", "path", "starts")
+
+    def __init__(
+        self,
+        path: str,
+        starts: list[int],
+        chunks: tuple[ChunkRef, ...] | None = None,
+        lazy: tuple[RawRefs, bytes, str] | None = None,
+    ) -> None:
+        self.path, self.starts, self._chunks = path, starts, chunks
+        self._raws, self._data, self._where = lazy or ([], b"", "")
+        self._one: dict[int, ChunkRef] = {}
+
+    @property
+    def chunks(self) -> tuple[ChunkRef, ...]:
+        if self._chunks is None:
+            # The bytes were checked against the reference and their counts against it: the
+            # whole decode checks every chunk reference and that the counts are theirs.
+            self._chunks = fmt.decode(self._data, Segment, self._where).chunks
+            self._raws, self._data = [], b""
+        return self._chunks
+
+    def chunk(self, k: int) -> ChunkRef:
+        """Chunk ``k`` of the segment (decoded and checked alone while the rest are not)."""
+        if self._chunks is not None:
+            return self._chunks[k]
+        got = self._one.get(k)
+        if got is None:
+            count = self.starts[k + 1] - self.starts[k]
+            got = self._one[k] = fmt.segment_chunk(self._raws[k], count, self._where)
+        return got
 
     @property
     def num_samples(self) -> int:
@@ -49,7 +87,7 @@ class Leaf:
 
     @property
     def num_chunks(self) -> int:
-        return len(self.chunks)
+        return len(self.starts) - 1
 
     @property
     def level(self) -> int:
@@ -85,10 +123,18 @@ class Segments:
 
     # -- reading ----------------------------------------------------------------------------
 
-    def read(self, ref: SegmentRef, *, version: int | None = None, fresh: bool = False) -> Loaded:
+    def read(
+        self,
+        ref: SegmentRef,
+        *,
+        version: int | None = None,
+        fresh: bool = False,
+        lazy: bool = False,
+    ) -> Loaded:
         """The segment file ``ref`` names, checked against ``ref``; ``fresh`` reads storage
         even when it is cached, for checks (verify, vacuum) that must see a file deleted or
-        damaged since this process read it."""
+        damaged since this process read it; ``lazy``: a 1.4 segment's chunk references are
+        decoded as they are asked for (``Leaf.chunk``), for a reader of one sample."""
         if not fresh:
             with self._lock:
                 cached = self._cache.get(ref.path)
@@ -101,7 +147,7 @@ class Segments:
             data: bytes | None = self._storage.read(ref.path)
         except NotFoundError:
             data = None
-        return self._take(ref, data, version)
+        return self._take(ref, data, version, lazy)
 
     def leaf(self, ref: SegmentRef, *, version: int | None = None) -> Leaf:
         got = self.read(ref, version=version)
@@ -112,11 +158,11 @@ class Segments:
         self, ref: SegmentRef, local: int, *, version: int | None = None
     ) -> tuple[Leaf, int]:
         """The segment holding sample ``local`` of the tree under ``ref``, and its place there."""
-        got = self.read(ref, version=version)
+        got = self.read(ref, version=version, lazy=True)
         while isinstance(got, Node):
             i = bisect_right(got.starts, local) - 1
             local -= got.starts[i]
-            got = self.read(got.children[i], version=version)
+            got = self.read(got.children[i], version=version, lazy=True)
         return got, local
 
     def chunks(self, refs: Sequence[SegmentRef], *, version: int | None = None) -> list[ChunkRef]:
@@ -180,27 +226,38 @@ class Segments:
                 f"with {ref.num_chunks} and {ref.num_samples}"
             )
 
-    def _take(self, ref: SegmentRef, data: bytes | None, version: int | None) -> Loaded:
+    def _take(
+        self, ref: SegmentRef, data: bytes | None, version: int | None, lazy: bool = False
+    ) -> Loaded:
         """The segment file from the bytes read under its path (None: missing), checked."""
         where = self._where(ref, version)
         if data is None:
             raise MissingDataError(f"{where} is missing")
         if len(data) != ref.size or crc32(data) != ref.crc32:
             raise ChecksumError(f"{where} does not match its checksum")
-        doc: Segment | SegmentNode = (
-            fmt.decode(data, SegmentNode, where) if ref.level else fmt.decode(data, Segment, where)
-        )
-        fmt.check_segment(ref, doc, where)
-        got = self._loaded(ref.path, doc)
+        got: Loaded | None = None
+        if ref.level:
+            node = fmt.decode(data, SegmentNode, where)
+            fmt.check_segment(ref, node, where)
+            got = self._loaded(ref.path, node)
+        elif lazy and b'"counts"' in data:  # a hint: a 1.4 segment has its counts
+            index = fmt.decode(data, SegmentIndex, where)
+            if index.counts is not None:
+                fmt.check_segment(ref, index, where)
+                starts = list(accumulate(index.counts, initial=0))
+                got = Leaf(ref.path, starts, lazy=(index.chunks, data, where))
+        if got is None:
+            doc = fmt.decode(data, Segment, where)
+            fmt.check_segment(ref, doc, where)
+            got = self._loaded(ref.path, doc)
         self._remember(got)
         return got
 
     @staticmethod
     def _loaded(path: str, doc: Segment | SegmentNode) -> Loaded:
         if isinstance(doc, Segment):
-            return Leaf(
-                path, doc.chunks, list(accumulate((c.num_samples for c in doc.chunks), initial=0))
-            )
+            starts = list(accumulate((c.num_samples for c in doc.chunks), initial=0))
+            return Leaf(path, starts, doc.chunks)
         kids = doc.segments
         starts = list(accumulate((c.num_samples for c in kids), initial=0))
         return Node(path, kids[0].level + 1, kids, starts, sum(c.num_chunks for c in kids))
@@ -279,7 +336,8 @@ class Segments:
     def _leaf(self, tail: Sequence[SegmentRef], chunks: tuple[ChunkRef, ...]) -> SegmentRef:
         """One segment of the chunks of ``tail`` (segments), then ``chunks``."""
         before = tuple(c for r in tail for c in self.leaf(r).chunks)
-        return self._write(Segment(chunks=before + chunks), 0)
+        chunks = before + chunks
+        return self._write(Segment(chunks=chunks, counts=tuple(c.num_samples for c in chunks)), 0)
 
     def _pack(self, refs: Sequence[SegmentRef]) -> SegmentRef:
         """One node over ``refs`` (all of one level)."""

@@ -937,7 +937,7 @@ class Snapshot(Sequence[Sample]):
             if ref.level == 0:
                 self._loaded[seg_no] = leaf
         chunk_no = bisect_right(leaf.starts, local) - 1
-        return leaf.chunks[chunk_no], local - leaf.starts[chunk_no]
+        return leaf.chunk(chunk_no), local - leaf.starts[chunk_no]
 
     def _locate_many(self, indices: list[int], n: int) -> Iterator[tuple[ChunkRef, int]]:
         for index in indices:

@@ -73,12 +73,13 @@ class Leaf:
 
     def chunk(self, k: int) -> ChunkRef:
         """Chunk ``k`` of the segment (decoded and checked alone while the rest are not)."""
+        raws = self._raws  # first: ``chunks`` sets the chunks before it lets the JSON go
         if self._chunks is not None:
             return self._chunks[k]
         got = self._one.get(k)
         if got is None:
             count = self.starts[k + 1] - self.starts[k]
-            got = self._one[k] = fmt.segment_chunk(self._raws[k], count, self._where)
+            got = self._one[k] = fmt.segment_chunk(raws[k], count, self._where)
         return got
 
     @property
@@ -245,7 +246,8 @@ class Segments:
             if index.counts is not None:
                 fmt.check_segment(ref, index, where)
                 starts = list(accumulate(index.counts, initial=0))
-                got = Leaf(ref.path, starts, lazy=(index.chunks, data, where))
+                # Its errors name the file alone: it is cached for every version naming it.
+                got = Leaf(ref.path, starts, lazy=(index.chunks, data, self._where(ref, None)))
         if got is None:
             doc = fmt.decode(data, Segment, where)
             fmt.check_segment(ref, doc, where)

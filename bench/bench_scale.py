@@ -22,6 +22,18 @@ whose every version adds --chunks-per-version chunk references (10), then these 
   deletes what the expired versions alone named; the exact one then finds what is left;
 - verify: ``verify(quick=True)`` on a freshly opened store (one run).
 
+Beside open + locate, txn lookup, log and time travel, a floor (``*_floor_ms``): the least
+any reader of this layout does for the same kind of request, on targets of its own drawn at
+random (so its files are as cold as the timed operation's): read the files with the backend's
+plain ``read`` and decode only the fields it needs, no checks. Open: HEAD, a probe for the
+version after it (HEAD is a hint), the manifest, the segment files down to a random sample
+and its chunk file; time travel: the same from an old version's manifest; lookup: HEAD and the
+probe (a transaction at the latest version has no marker yet), the transaction's marker and
+its version's manifest; log: HEAD and the probe, then the 20 newest manifests (the same files
+``log`` read, so a floor of them read again). What grows with the history in both is the files
+(their size, the depth of the segment tree, directories of millions of files a cache cannot
+hold), not txstore; ``ratios`` reports each figure's growth with its floor's taken out.
+
 How the history is built, fast and honestly: through the real commit path
 (``StoreContext.append_chunks``: segments written and merged by ``Segments``, the manifest by
 ``txn.rules.next_manifest``, committed by the commit loop with its put-if-absent, txn markers
@@ -54,6 +66,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from txbench.output import finish_report, new_report
 from txbench.servers import S3Server, start_moto
 from txbench.system import default_workdir, machine_info, print_machine
@@ -78,6 +91,10 @@ FIGURES = (
     ("vacuum_ms", "exact vacuum after that"),
     ("verify_ms", "verify(quick=True)"),
 )
+#: The figures measured beside a floor (``<key>_floor_ms``; see the module's docstring).
+FLOORED = ("open_locate_ms", "txn_lookup_ms", "log20_ms", "time_travel_ms")
+#: The maintenance target compares 1% expired and vacuumed with the same at this length.
+MAINTENANCE_BASE = 10_000
 
 
 def sample(i: int) -> dict[str, Any]:
@@ -138,6 +155,84 @@ def copy_to_s3(store: Any, uri: str, options: dict[str, Any]) -> int:
     return len(keys)
 
 
+class _Ref(msgspec.Struct):
+    path: str
+    num_samples: int
+
+
+class _Doc(msgspec.Struct):
+    """Only what a reader needs of HEAD, a manifest, a segment file or a txn marker; the
+    decoder steps over every other field."""
+
+    type: str
+    version: int = 0
+    num_samples: int = 0
+    segments: list[_Ref] = []
+    chunks: list[_Ref] = []
+
+
+_decode = msgspec.json.Decoder(_Doc).decode
+
+
+def floor_locate(storage: Any, key: str, where: float) -> None:
+    """Read the manifest at ``key``, the segment files down to the sample at fraction
+    ``where`` of it, and that sample's chunk file, each decoded to the few fields needed."""
+    doc = _decode(storage.read(key))
+    i = int(where * doc.num_samples)
+    refs = doc.segments
+    while True:
+        for ref in refs:
+            if i < ref.num_samples:
+                break
+            i -= ref.num_samples
+        else:
+            raise RuntimeError(f"floor: sample past the end of {key}")
+        segment = _decode(storage.read(ref.path))
+        if segment.type != "segment":
+            refs = segment.segments
+            continue
+        for chunk in segment.chunks:
+            if i < chunk.num_samples:
+                storage.read(chunk.path)
+                return
+            i -= chunk.num_samples
+        raise RuntimeError(f"floor: sample past the end of {ref.path}")
+
+
+def floor_latest(storage: Any) -> int:
+    """The latest version: HEAD, then a probe past it (HEAD is a hint)."""
+    from txstore.txn import manifest_key
+
+    version = _decode(storage.read("HEAD")).version
+    if storage.exists(manifest_key(version + 1)):
+        raise RuntimeError("floor: HEAD is behind")
+    return version
+
+
+def floor_open(storage: Any, where: float) -> None:
+    from txstore.txn import manifest_key
+
+    floor_locate(storage, manifest_key(floor_latest(storage)), where)
+
+
+def floor_lookup(storage: Any, txn_id: str) -> None:
+    """The latest version (a transaction there has no marker yet), the marker, its version."""
+    from txstore.txn import manifest_key
+    from txstore.txn.log import txn_marker_key
+
+    floor_latest(storage)
+    _decode(storage.read(manifest_key(_decode(storage.read(txn_marker_key(txn_id))).version)))
+
+
+def floor_log(storage: Any, limit: int) -> None:
+    """The latest version, then the manifests of the ``limit`` newest."""
+    from txstore.txn import manifest_key
+
+    latest = floor_latest(storage)
+    for v in range(latest, max(-1, latest - limit), -1):
+        _decode(storage.read(manifest_key(v)))
+
+
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     start = time.perf_counter()
     result = fn()
@@ -165,11 +260,15 @@ def measure(
     repeat: int,
     rng: random.Random,
     options: dict[str, Any] | None = None,
+    scans: bool = True,
 ) -> dict[str, Any]:
     """The figures on the store at ``uri`` (``history`` versions built, txn ids as above),
-    opened with ``options`` (its backend's storage options)."""
+    opened with ``options`` (its backend's storage options); ``scans``: the exact vacuum
+    and verify too (each reads the whole history)."""
     import txstore
+    from txstore.storage import open_storage
     from txstore.store.incremental import state_size
+    from txstore.txn import manifest_key
 
     open_ = partial(txstore.open, storage_options=options)
     store = open_(uri)
@@ -199,6 +298,12 @@ def measure(
         return snap[rng.randrange(len(snap))]
 
     out["open_locate_ms"] = summary([timed(open_locate)[0] for _ in range(repeat)])
+    # The floors' targets come from a generator of their own: other files, as cold.
+    floor_rng = random.Random(rng.random())
+    plain = open_storage(uri, options)
+    out["open_locate_floor_ms"] = summary(
+        [timed(partial(floor_open, plain, floor_rng.random()))[0] for _ in range(repeat)]
+    )
 
     old_ids = [f"history-{rng.randint(2, history)}" for _ in range(repeat)] if history > 1 else []
     lookups = []
@@ -208,6 +313,11 @@ def measure(
             raise RuntimeError(f"txn lookup of {txn_id}: committed again ({commit})")
         lookups.append(ms)
     out["txn_lookup_ms"] = summary(lookups) if lookups else None
+    if history > 1:
+        floor_ids = [f"history-{floor_rng.randint(2, history)}" for _ in range(repeat)]
+        out["txn_lookup_floor_ms"] = summary(
+            [timed(partial(floor_lookup, plain, t))[0] for t in floor_ids]
+        )
     # The same again through a store opened anew (none of its caches), their files now in
     # the file system's caches: how much of a lookup is the disk (a marker and a manifest
     # among millions of files), not txstore.
@@ -223,6 +333,7 @@ def measure(
             raise RuntimeError(f"log(limit=20) gave {len(entries)} entries")
         logs.append(ms)
     out["log20_ms"] = summary(logs)
+    out["log20_floor_ms"] = summary([timed(partial(floor_log, plain, 20))[0] for _ in logs])
 
     travels = []
     latest = store.version
@@ -236,6 +347,12 @@ def measure(
 
         travels.append(timed(travel)[0])
     out["time_travel_ms"] = summary(travels)
+    out["time_travel_floor_ms"] = summary(
+        [
+            timed(partial(floor_locate, plain, manifest_key(v), floor_rng.random()))[0]
+            for v in (floor_rng.randint(1, latest - 1) for _ in range(repeat))
+        ]
+    )
 
     # Expire the oldest 1% (at least one version), then vacuum them.
     latest = store.version
@@ -248,14 +365,15 @@ def measure(
     out["vacuum_incr_ms"] = summary([ms])
     out["vacuum_incr_deleted_files"] = len(vac.files)
     out["vacuum_incr_state_files"] = state_size(open_(uri).storage)
-    ms, vac = timed(lambda: open_(uri).vacuum(grace=0))
-    out["vacuum_ms"] = summary([ms])
-    out["vacuum_deleted_files"] = len(vac.files)
-    ms, ver = timed(lambda: open_(uri).verify(quick=True))
-    if ver.problems:
-        raise RuntimeError(f"verify found problems: {ver.problems[:3]}")
-    out["verify_ms"] = summary([ms])
-    out["verify_versions"] = ver.versions
+    if scans:
+        ms, vac = timed(lambda: open_(uri).vacuum(grace=0))
+        out["vacuum_ms"] = summary([ms])
+        out["vacuum_deleted_files"] = len(vac.files)
+        ms, ver = timed(lambda: open_(uri).verify(quick=True))
+        if ver.problems:
+            raise RuntimeError(f"verify found problems: {ver.problems[:3]}")
+        out["verify_ms"] = summary([ms])
+        out["verify_versions"] = ver.versions
     out["chunks"] = len(store.snapshot().chunk_refs())
     out["manifest_bytes"] = len(store.storage.read(f"versions/index.v{store.version}.json"))
     out["segments"] = len(store.snapshot().manifest.segments)
@@ -270,6 +388,7 @@ def run_size(
     workdir: Path,
     seed: int,
     s3: S3Server | None,
+    scans: bool = True,
 ) -> list[dict[str, Any]]:
     rows = []
     built, build_s = build_history(f"memory://{memory_name()}", history, chunks)
@@ -309,7 +428,8 @@ def run_size(
                 gc.collect()
             uri, ref_uri, options, copy_s = stores[backend]
             rng = random.Random(seed + history)
-            figures = measure(uri, ref_uri, history, repeat, rng, options)
+            gc.collect()
+            figures = measure(uri, ref_uri, history, repeat, rng, options, scans)
             row = {"backend": backend, "versions": history, "build_s": build_s}
             row.update(copy_s=copy_s, **figures)
             print_row(row)
@@ -326,10 +446,13 @@ def print_row(row: dict[str, Any]) -> None:
     for key, _ in FIGURES:
         value = row.get(key)
         parts.append(f"{key.removesuffix('_ms')} {value['median']:.2f}" if value else f"{key} -")
+    floors = [(k, row.get(k.removesuffix("_ms") + "_floor_ms")) for k in FLOORED]
+    parts += [f"{k.removesuffix('_ms')} floor {f['median']:.2f}" for k, f in floors if f]
     parts.append(f"(ref commit {row['commit_reference_ms']['median']:.2f})")
     parts.append(
-        f"vacuum deleted {row['vacuum_incr_deleted_files']} + {row['vacuum_deleted_files']} "
-        f"files (incremental + exact; its first run {row['vacuum_incr_first_ms']['median']:.0f})"
+        f"vacuum deleted {row['vacuum_incr_deleted_files']} + "
+        f"{row.get('vacuum_deleted_files', '-')} files (incremental + exact; its first run "
+        f"{row['vacuum_incr_first_ms']['median']:.0f})"
     )
     parts.append(f"manifest {row['manifest_bytes']:,} B, {row['segments']} segments")
     parts.append(f"build {row['build_s']:.1f} s")
@@ -337,16 +460,38 @@ def print_row(row: dict[str, Any]) -> None:
 
 
 def ratios(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each figure at each size against the same backend's figure at the smallest size."""
+    """Each figure at each size against the same backend's figure at the smallest size.
+    A floored figure also gets its floor's ratio (``<key>_floor``) and its own ratio with
+    the floor's growth taken out (``<key>_less_floor``: what txstore adds as the history
+    grows); expire + vacuum of 1% gets its ratio to the same at ``MAINTENANCE_BASE``
+    versions, when the run has that length (``maintenance_vs_base``)."""
+
+    def med(row: dict[str, Any], key: str) -> float | None:
+        value = row.get(key)
+        return value["median"] if value else None
+
     out = []
     for backend in sorted({r["backend"] for r in rows}):
         mine = sorted((r for r in rows if r["backend"] == backend), key=lambda r: r["versions"])
         first = mine[0]
+        base = next((r for r in mine if r["versions"] == MAINTENANCE_BASE), None)
         for r in mine[1:]:
             entry: dict[str, Any] = {"backend": backend, "versions": r["versions"]}
             for key, _ in FIGURES:
-                a, b = r.get(key), first.get(key)
-                entry[key] = a["median"] / b["median"] if a and b else None
+                a, b = med(r, key), med(first, key)
+                entry[key] = a / b if a and b else None
+            for key in FLOORED:
+                a, b = med(r, key), med(first, key)
+                floor = key.removesuffix("_ms") + "_floor_ms"
+                fa, fb = med(r, floor), med(first, floor)
+                if a and b and fa and fb:
+                    entry[f"{key}_floor"] = fa / fb
+                    entry[f"{key}_less_floor"] = (a - (fa - fb)) / b
+            if base is not None and r["versions"] > MAINTENANCE_BASE:
+                mine_total = med(r, "expire_ms"), med(r, "vacuum_incr_ms")
+                base_total = med(base, "expire_ms"), med(base, "vacuum_incr_ms")
+                if None not in mine_total + base_total:
+                    entry["maintenance_vs_base"] = sum(mine_total) / sum(base_total)  # type: ignore[arg-type]
             out.append(entry)
     return out
 
@@ -362,6 +507,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--sizes", help="comma-separated history lengths (instead of the above)")
     parser.add_argument(
         "--backends", default=",".join(DEFAULT_BACKENDS), help="of local, memory, s3 (moto)"
+    )
+    parser.add_argument(
+        "--no-scans",
+        action="store_true",
+        help="skip the exact vacuum and verify (each reads the whole history: 5 and 15 "
+        "minutes at 10^6 versions)",
     )
     parser.add_argument("--chunks-per-version", type=int, default=10)
     parser.add_argument("--repeat", type=int, default=20, help="timed runs per figure")
@@ -397,7 +548,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         for size in sizes:
             rows += run_size(
-                size, backends, args.chunks_per_version, args.repeat, args.workdir, args.seed, s3
+                size,
+                backends,
+                args.chunks_per_version,
+                args.repeat,
+                args.workdir,
+                args.seed,
+                s3,
+                scans=not args.no_scans,
             )
     finally:
         if s3 is not None:
@@ -406,8 +564,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     report["ratios"] = ratios(rows)
     print("\neach figure's median against the same backend's at the smallest history:")
     for entry in report["ratios"]:
+        keys = [k for k, _ in FIGURES]
+        keys += [f"{k}_{w}" for k in FLOORED for w in ("floor", "less_floor")]
+        keys += ["maintenance_vs_base"]
         cells = " ".join(
-            f"{k.removesuffix('_ms')} {entry[k]:.2f}x" for k, _ in FIGURES if entry[k] is not None
+            f"{k.removesuffix('_ms').replace('_ms_', ' ')} {entry[k]:.2f}x"
+            for k in keys
+            if entry.get(k) is not None
         )
         print(f"  {entry['backend']:>6} {entry['versions']:>9,}: {cells}")
     finish_report(report, args.json, started)

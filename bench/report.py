@@ -469,6 +469,80 @@ SCALE_FIGURES = (
     ("vacuum_ms", "vacuum exact"),
     ("verify_ms", "verify quick"),
 )
+#: bench_scale's figures measured beside a floor (the least any reader of the files does).
+SCALE_FLOORED = (
+    ("open_locate_ms", "open + [i]"),
+    ("txn_lookup_ms", "txn_id lookup"),
+    ("log20_ms", "log(20)"),
+    ("time_travel_ms", "old v [i]"),
+)
+#: The targets at the longest history: (ratio key, what, at most).
+SCALE_TARGETS = (
+    ("commit_ms", "commit", 1.5),
+    ("open_locate_ms", "open + [i]", 1.5),
+    ("txn_lookup_ms", "txn_id lookup", 1.5),
+    ("log20_ms", "log(20)", 1.5),
+    ("time_travel_ms", "old v [i]", 1.5),
+    ("maintenance_vs_base", "expire + incremental vacuum of 1%, ÷ the same at 10,000", 2.0),
+)
+
+
+def scale_floors(report: Report) -> str:
+    """The floored figures against their floors, and each target at the longest history
+    with its verdict: met, bounded by the floor (met once the floor's own growth is taken
+    out), or not met."""
+    floored = [e for e in report["ratios"] if e.get("open_locate_ms_floor") is not None]
+    if not floored:
+        return ""
+    rows_by = {(r["backend"], r["versions"], r.get("run")): r for r in report["rows"]}
+    headers = ["backend", "versions", "run"]
+    for _, label in SCALE_FLOORED:
+        headers += [f"{label} ms", "floor ms", "×", "floor ×", "less floor ×"]
+    rows = []
+    for e in sorted(floored, key=lambda e: (e["backend"], e["versions"])):
+        r = rows_by[(e["backend"], e["versions"], e.get("run"))]
+        cells = [e["backend"], f"{e['versions']:,}", str(e.get("run", "-"))]
+        for key, _ in SCALE_FLOORED:
+            floor = r.get(key.removesuffix("_ms") + "_floor_ms")
+            cells += [
+                f"{r[key]['median']:.3f}",
+                "-" if floor is None else f"{floor['median']:.3f}",
+                x(e.get(key)),
+                x(e.get(f"{key}_floor")),
+                x(e.get(f"{key}_less_floor")),
+            ]
+        rows.append(cells)
+    verdicts = []
+    for backend in sorted({e["backend"] for e in floored}):
+        last = max((e for e in floored if e["backend"] == backend), key=lambda e: e["versions"])
+        for key, what, limit in SCALE_TARGETS:
+            value = last.get(key)
+            if value is None:
+                continue
+            less = last.get(f"{key}_less_floor")
+            if value <= limit:
+                verdict = "met"
+            elif less is not None and less <= limit:
+                verdict = f"bounded by the floor ({x(less)} with its growth taken out)"
+            else:
+                verdict = "**not met**"
+            verdicts.append(
+                [backend, f"{last['versions']:,}", what, x(value), f"≤ {limit}×", verdict]
+            )
+    return f"""
+Floors (`*_floor_ms`, the least any reader of these files does: the same kind of request on
+random targets of its own, read with the backend's plain `read` and decoded only as far as
+needed, no checks): `×` is the figure against its own at the shortest history in the same
+run, `floor ×` the floor's, `less floor ×` the figure with the floor's growth taken out
+((figure − (floor − floor at the shortest)) ÷ figure at the shortest): what txstore itself
+adds as the history grows.
+
+{table(headers, rows)}
+
+Targets at the longest history of the runs with floors:
+
+{table(["backend", "versions", "figure", "ratio", "target", ""], verdicts)}
+"""
 
 
 def scale_section(report: Report, plots: Plots) -> str:
@@ -554,7 +628,7 @@ commit, open, lookup, log and time travel within 1.5×):
         return fig
 
     link = plots.save("scale", "operations against history length", draw)
-    return text + (f"\n{link}\n" if link else "")
+    return text + scale_floors(report) + (f"\n{link}\n" if link else "")
 
 
 # --------------------------------------------------------------------------- reads

@@ -171,7 +171,16 @@ class _Doc(msgspec.Struct):
     chunks: list[_Ref] = []
 
 
+class _Commit(msgspec.Struct):
+    """What the history and a transaction lookup need of a manifest (its segments skipped)."""
+
+    type: str
+    version: int
+    txn_id: str | None = None
+
+
 _decode = msgspec.json.Decoder(_Doc).decode
+_decode_commit = msgspec.json.Decoder(_Commit).decode
 
 
 def floor_locate(storage: Any, key: str, where: float) -> None:
@@ -221,7 +230,9 @@ def floor_lookup(storage: Any, txn_id: str) -> None:
     from txstore.txn.log import txn_marker_key
 
     floor_latest(storage)
-    _decode(storage.read(manifest_key(_decode(storage.read(txn_marker_key(txn_id))).version)))
+    marker = _decode(storage.read(txn_marker_key(txn_id)))
+    if _decode_commit(storage.read(manifest_key(marker.version))).txn_id != txn_id:
+        raise RuntimeError(f"floor: the marker of {txn_id} names another version")
 
 
 def floor_log(storage: Any, limit: int) -> None:
@@ -230,7 +241,7 @@ def floor_log(storage: Any, limit: int) -> None:
 
     latest = floor_latest(storage)
     for v in range(latest, max(-1, latest - limit), -1):
-        _decode(storage.read(manifest_key(v)))
+        _decode_commit(storage.read(manifest_key(v)))
 
 
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:

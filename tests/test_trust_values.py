@@ -315,6 +315,26 @@ def test_the_log_reads_only_commit_fields_and_a_version_reads_its_segments(
     assert len(reopened.snapshot(version - 1)) == 60
 
 
+def test_a_retried_transaction_is_found_from_its_commit_fields(tmp_path: Path) -> None:
+    """An append retried under a committed txn_id reports that commit from its manifest's
+    commit fields, as the log does: it writes nothing, and a damaged segment reference of
+    that version is the reading of the version's to refuse."""
+    store = _store(tmp_path)
+    first = store.append([{"i": 60}], txn_id="batch-7")
+    store.append([{"i": 61}])  # its commit writes the marker of batch-7's version
+    root = _root(store)
+    doc = _read_json(root, manifest_key(first.version))
+    doc["segments"][0]["path"] = "../outside.json"
+    _write_json(root, manifest_key(first.version), doc)
+
+    reopened = txstore.open(store.uri)
+    again = reopened.append([{"i": 99}], txn_id="batch-7")
+    assert (again.version, again.commit_id, again.attempts) == (first.version, first.commit_id, 0)
+    assert reopened.version == first.version + 1
+    with pytest.raises(CorruptError, match=rf"index\.v{first.version}\.json"):
+        reopened.snapshot(first.version)
+
+
 # -- item 9: timestamps ------------------------------------------------------------------------
 
 

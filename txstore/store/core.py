@@ -167,7 +167,7 @@ class Store:
         ran (nothing is committed: the caller decides whether the batch still belongs).
         """
         if txn_id is not None:
-            existing = self._ctx.log.find_txn(txn_id, self._ctx.log.latest())
+            existing = self._ctx.log.find_txn_record(txn_id, self._ctx.log.latest())
             if existing is not None:
                 return Commit.from_manifest(existing, attempts=0)
         self._ctx.ensure_writable()  # before any chunk is written

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
@@ -306,18 +307,21 @@ class SegmentNode(_Document, tag="segment-node", kw_only=True, frozen=True):
     segments: tuple[SegmentRef, ...]
 
 
-def check_segment(ref: SegmentRef, doc: Segment | SegmentIndex | SegmentNode, where: str) -> None:
+def check_segment(
+    ref: SegmentRef, doc: Segment | SegmentIndex | SegmentNode, where: str
+) -> list[int]:
     """A segment file decoded under ``ref`` holds what ``ref`` says: a segment at level 0, a
-    node of non-empty references one level down above it, the same samples and chunks."""
+    node of non-empty references one level down above it, the same samples and chunks.
+    Returns where each chunk (or reference) starts among the samples, then their total."""
     if isinstance(doc, (Segment, SegmentIndex)):
         if ref.level != 0:
             raise CorruptError(f"{where} is a segment, its reference says level {ref.level}")
         if isinstance(doc, SegmentIndex):
             if doc.counts is None or len(doc.counts) != len(doc.chunks):
                 raise CorruptError(f"{where} is not a valid segment: it has no count per chunk")
-            samples = sum(doc.counts)
+            starts = list(accumulate(doc.counts, initial=0))
         else:
-            samples = sum(c.num_samples for c in doc.chunks)
+            starts = list(accumulate((c.num_samples for c in doc.chunks), initial=0))
         chunks = len(doc.chunks)
     else:
         if ref.level == 0:
@@ -330,13 +334,14 @@ def check_segment(ref: SegmentRef, doc: Segment | SegmentIndex | SegmentNode, wh
                     f"{where} is a segment node of level {ref.level} naming {child.path!r} "
                     f"at level {child.level}, not {ref.level - 1}"
                 )
-        samples = sum(c.num_samples for c in doc.segments)
+        starts = list(accumulate((c.num_samples for c in doc.segments), initial=0))
         chunks = sum(c.num_chunks for c in doc.segments)
-    if samples != ref.num_samples or chunks != ref.num_chunks:
+    if starts[-1] != ref.num_samples or chunks != ref.num_chunks:
         raise CorruptError(
-            f"{where} holds {chunks} chunks and {samples} samples, its reference says "
+            f"{where} holds {chunks} chunks and {starts[-1]} samples, its reference says "
             f"{ref.num_chunks} and {ref.num_samples}"
         )
+    return starts
 
 
 class Manifest(_Document, tag="manifest", kw_only=True, frozen=True):

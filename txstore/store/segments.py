@@ -19,7 +19,6 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from itertools import accumulate
 
 from ..errors import ChecksumError, CorruptError, MissingDataError, NotFoundError
 from ..format import manifest as fmt
@@ -238,31 +237,25 @@ class Segments:
             raise ChecksumError(f"{where} does not match its checksum")
         got: Loaded | None = None
         if ref.level:
-            node = fmt.decode(data, SegmentNode, where)
-            fmt.check_segment(ref, node, where)
-            got = self._loaded(ref.path, node)
+            got = self._loaded(ref, fmt.decode(data, SegmentNode, where), where)
         elif lazy and data.rfind(b'"counts"') >= 0:  # a hint; a writer puts them last
             index = fmt.decode(data, SegmentIndex, where)
             if index.counts is not None:
-                fmt.check_segment(ref, index, where)
-                starts = list(accumulate(index.counts, initial=0))
+                starts = fmt.check_segment(ref, index, where)
                 # Its errors name the file alone: it is cached for every version naming it.
                 got = Leaf(ref.path, starts, lazy=(index.chunks, data, self._where(ref, None)))
         if got is None:
-            doc = fmt.decode(data, Segment, where)
-            fmt.check_segment(ref, doc, where)
-            got = self._loaded(ref.path, doc)
+            got = self._loaded(ref, fmt.decode(data, Segment, where), where)
         self._remember(got)
         return got
 
     @staticmethod
-    def _loaded(path: str, doc: Segment | SegmentNode) -> Loaded:
+    def _loaded(ref: SegmentRef, doc: Segment | SegmentNode, where: str) -> Loaded:
+        """A segment file decoded whole, checked against ``ref``."""
+        starts = fmt.check_segment(ref, doc, where)
         if isinstance(doc, Segment):
-            starts = list(accumulate((c.num_samples for c in doc.chunks), initial=0))
-            return Leaf(path, starts, doc.chunks)
-        kids = doc.segments
-        starts = list(accumulate((c.num_samples for c in kids), initial=0))
-        return Node(path, kids[0].level + 1, kids, starts, sum(c.num_chunks for c in kids))
+            return Leaf(ref.path, starts, doc.chunks)
+        return Node(ref.path, ref.level, doc.segments, starts, ref.num_chunks)
 
     def _remember(self, got: Loaded) -> None:
         with self._lock:
@@ -289,7 +282,7 @@ class Segments:
             level=level,
         )
         self._storage.write(ref.path, data)
-        self._remember(self._loaded(ref.path, doc))
+        self._remember(self._loaded(ref, doc, ref.path))
         return ref
 
     def write_all(self, chunks: Sequence[ChunkRef]) -> tuple[SegmentRef, ...]:

@@ -93,6 +93,13 @@ FIGURES = (
 )
 #: The figures measured beside a floor (``<key>_floor_ms``; see the module's docstring).
 FLOORED = ("open_locate_ms", "txn_lookup_ms", "log20_ms", "time_travel_ms")
+
+
+def floor_key(key: str) -> str:
+    """The key of a floored figure's floor."""
+    return key.removesuffix("_ms") + "_floor_ms"
+
+
 #: The maintenance target compares 1% expired and vacuumed with the same at this length.
 MAINTENANCE_BASE = 10_000
 
@@ -457,7 +464,7 @@ def print_row(row: dict[str, Any]) -> None:
     for key, _ in FIGURES:
         value = row.get(key)
         parts.append(f"{key.removesuffix('_ms')} {value['median']:.2f}" if value else f"{key} -")
-    floors = [(k, row.get(k.removesuffix("_ms") + "_floor_ms")) for k in FLOORED]
+    floors = [(k, row.get(floor_key(k))) for k in FLOORED]
     parts += [f"{k.removesuffix('_ms')} floor {f['median']:.2f}" for k, f in floors if f]
     parts.append(f"(ref commit {row['commit_reference_ms']['median']:.2f})")
     parts.append(
@@ -481,6 +488,10 @@ def ratios(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         value = row.get(key)
         return value["median"] if value else None
 
+    def maintenance(row: dict[str, Any]) -> float | None:
+        expire, vacuum = med(row, "expire_ms"), med(row, "vacuum_incr_ms")
+        return None if expire is None or vacuum is None else expire + vacuum
+
     out = []
     for backend in sorted({r["backend"] for r in rows}):
         mine = sorted((r for r in rows if r["backend"] == backend), key=lambda r: r["versions"])
@@ -493,16 +504,14 @@ def ratios(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 entry[key] = a / b if a and b else None
             for key in FLOORED:
                 a, b = med(r, key), med(first, key)
-                floor = key.removesuffix("_ms") + "_floor_ms"
-                fa, fb = med(r, floor), med(first, floor)
+                fa, fb = med(r, floor_key(key)), med(first, floor_key(key))
                 if a and b and fa and fb:
                     entry[f"{key}_floor"] = fa / fb
                     entry[f"{key}_less_floor"] = (a - (fa - fb)) / b
             if base is not None and r["versions"] > MAINTENANCE_BASE:
-                mine_total = med(r, "expire_ms"), med(r, "vacuum_incr_ms")
-                base_total = med(base, "expire_ms"), med(base, "vacuum_incr_ms")
-                if None not in mine_total + base_total:
-                    entry["maintenance_vs_base"] = sum(mine_total) / sum(base_total)  # type: ignore[arg-type]
+                now, then = maintenance(r), maintenance(base)
+                if now is not None and then:
+                    entry["maintenance_vs_base"] = now / then
             out.append(entry)
     return out
 

@@ -96,7 +96,7 @@ def forge_version(storage: Storage, chunk: ChunkRef) -> int:
     """Commit, by hand, a version whose new segment names ``chunk``."""
     v = max(int(f.key.split(".v")[1].split(".")[0]) for f in storage.list("versions/index."))
     parent = fmt.decode(storage.read(manifest_key(v)), Manifest, "test")
-    data = fmt.encode(Segment(chunks=(chunk,), counts=(chunk.num_samples,)))
+    data = fmt.encode(fmt.new_segment((chunk,)))
     ref = SegmentRef(
         path=f"segments/{uuid.uuid4().hex}.json",
         num_samples=chunk.num_samples,

@@ -8,6 +8,7 @@ its data folder.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -274,6 +275,11 @@ class SegmentIndex(_Document, tag="segment", kw_only=True, frozen=True):
     counts: tuple[Count, ...] | None = None
 
 
+def new_segment(chunks: tuple[ChunkRef, ...]) -> Segment:
+    """The segment a writer writes for ``chunks``: with their counts (1.4)."""
+    return Segment(chunks=chunks, counts=tuple(c.num_samples for c in chunks))
+
+
 def counts_match(doc: Segment, where: str) -> None:
     """A 1.4 segment's counts are its chunks' sample counts."""
     if doc.counts is not None and list(doc.counts) != [c.num_samples for c in doc.chunks]:
@@ -526,19 +532,16 @@ def _check_envelope(data: bytes, where: str) -> None:
         )
 
 
-_prefixes: dict[type, bytes] = {}
-
-
+@functools.cache
 def _own_prefix(kind: type[_Document]) -> bytes:
     """How ``encode`` starts a document of ``kind``: its type, txstore's format name and this
     major version. A document that starts so needs no envelope decode first."""
-    prefix = _prefixes.get(kind)
-    if prefix is None:
-        tag = _encoder.encode(kind.__struct_config__.tag)
-        name = _encoder.encode(FORMAT)
-        prefix = b'{"type":%s,"format":%s,"format_version":[%d,' % (tag, name, FORMAT_MAJOR)
-        _prefixes[kind] = prefix
-    return prefix
+    tag = _encoder.encode(kind.__struct_config__.tag)
+    return b'{"type":%s,"format":%s,"format_version":[%d,' % (
+        tag,
+        _encoder.encode(FORMAT),
+        FORMAT_MAJOR,
+    )
 
 
 def decode(data: bytes, kind: type[D], where: str) -> D:

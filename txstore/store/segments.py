@@ -331,8 +331,7 @@ class Segments:
     def _leaf(self, tail: Sequence[SegmentRef], chunks: tuple[ChunkRef, ...]) -> SegmentRef:
         """One segment of the chunks of ``tail`` (segments), then ``chunks``."""
         before = tuple(c for r in tail for c in self.leaf(r).chunks)
-        chunks = before + chunks
-        return self._write(Segment(chunks=chunks, counts=tuple(c.num_samples for c in chunks)), 0)
+        return self._write(fmt.new_segment(before + chunks), 0)
 
     def _pack(self, refs: Sequence[SegmentRef]) -> SegmentRef:
         """One node over ``refs`` (all of one level)."""

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from txstore.errors import AlreadyExistsError, ConflictError, NotFoundError, StorageError
-from txstore.storage import ReusedBuffer, Storage, open_storage
+from txstore.storage import Storage, open_storage
 
 _ROOT = Path(__file__).resolve().parent.parent
 
@@ -183,23 +183,6 @@ class StorageSuite:
         assert bytes(view[-300:]) == payload[-300:]
         with pytest.raises(NotFoundError):
             storage.read_buffer("chunks/big.chunk")
-
-    def test_read_reusing_gives_each_whole_object(self, storage: Storage) -> None:
-        """An importer's reads of file after file into one buffer: each read gives its whole
-        object, whatever the size of the one before (larger, smaller, empty)."""
-        objects = {
-            "chunks/r1.chunk": os.urandom(300_000),
-            "chunks/r2.chunk": os.urandom(1000),
-            "chunks/r3.chunk": b"",
-            "chunks/r4.chunk": os.urandom(700_000),
-        }
-        for key, data in objects.items():
-            storage.write(key, data)
-        buffer = ReusedBuffer()
-        for key, data in objects.items():
-            assert bytes(storage.read_reusing(key, buffer)) == data
-        with pytest.raises(NotFoundError):
-            storage.read_reusing("chunks/absent.chunk", buffer)
 
     def test_reads_see_a_rewrite_by_this_process(self, storage: Storage) -> None:
         """A range read after a rewrite is of the new object, whatever a backend kept from

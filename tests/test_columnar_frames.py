@@ -107,7 +107,7 @@ def _columns(draw: Any) -> tuple[dict[str, col.Encoded], list[dict[str, Any]]]:
     samples they hold."""
     n = draw(st.integers(1, 300))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    kind = st.sampled_from(["tokens", "blobs", "ints", "text", "arrays"])
+    kind = st.sampled_from(["tokens", "blobs", "ints", "text", "arrays", "scattered"])
     kinds = draw(st.lists(kind, min_size=1, max_size=3))
     columns: dict[str, col.Encoded] = {}
     values: dict[str, list[Any]] = {}
@@ -124,6 +124,16 @@ def _columns(draw: Any) -> tuple[dict[str, col.Encoded], list[dict[str, Any]]]:
             offsets = np.concatenate([[0], np.cumsum([len(b) for b in blobs])]).astype(np.int64)
             data = np.frombuffer(b"".join(blobs) or b"", dtype=np.uint8)
             columns[name] = col.encode_binary(data, offsets)
+            values[name] = blobs
+        elif kind == "scattered":
+            # Values anywhere in a buffer, between bytes of other things (a peer's file).
+            big = draw(st.booleans())  # 16 KiB or more on average: frames may refer to them
+            lengths = rng.integers(16_384 if big else 0, 40_000 if big else 600, n)
+            gaps = rng.integers(0, 50, n)
+            starts = np.cumsum(gaps) + np.concatenate([[0], np.cumsum(lengths)[:-1]])
+            buffer = rng.integers(0, 256, int(starts[-1] + lengths[-1]) + 7, dtype=np.uint8)
+            blobs = [buffer[a : a + k].tobytes() for a, k in zip(starts, lengths, strict=True)]
+            columns[name] = col.encode_scattered(buffer, starts, lengths, text=False)
             values[name] = blobs
         elif kind == "text":
             texts = [("é" if repeat else chr(97 + i % 26)) * 20 for i in range(n)]
@@ -156,12 +166,13 @@ def _same(got: Any, want: Any) -> bool:
     block_bytes=st.sampled_from([1, 200, 4096, 65536]),
     steps=st.lists(st.integers(1, 40_000), min_size=1, max_size=4),
     compression=st.sampled_from([None, "zstd"]),
+    stable=st.booleans(),
 )
 def test_blocks_follow_the_rule_and_hold_the_values(
-    columns: Any, block_bytes: int, steps: list[int], compression: str | None
+    columns: Any, block_bytes: int, steps: list[int], compression: str | None, stable: bool
 ) -> None:
     encoded, samples = columns
-    batch = col.ColumnBatch(tuple(encoded), tuple(encoded.values()), len(samples))
+    batch = col.ColumnBatch(tuple(encoded), tuple(encoded.values()), len(samples), stable)
     data, calls = _build(batch, block_bytes, steps, compression)
     _check_blocks(data, batch, block_bytes, calls)
     got = _samples(data)
@@ -236,3 +247,53 @@ def test_blocks_after_compressed_frames_are_cut_by_the_size_stored() -> None:
         assert any(f.codec != CODEC_RAW for b in _layout(data).footer.blocks for f in b.frames)
         _check_blocks(data, batch, 4096, calls)
         assert [row["b"] for row in _samples(data)] == blobs
+
+
+def _large_batch(stable: bool) -> tuple[col.ColumnBatch, np.ndarray[Any, Any], list[bytes]]:
+    """Large values of several lengths anywhere in a buffer, and ints beside them."""
+    rng = np.random.default_rng(9)
+    lengths = np.array([20_000, 70_000, 16_384, 33_000, 1, 50_000], dtype=np.int64)
+    starts = np.concatenate([[3], 3 + np.cumsum(lengths + 5)[:-1]])
+    buffer = rng.integers(0, 256, int(starts[-1] + lengths[-1]) + 9, dtype=np.uint8)
+    blobs = [buffer[a : a + k].tobytes() for a, k in zip(starts, lengths, strict=True)]
+    columns = (
+        col.encode_ints(np.arange(len(lengths), dtype=np.int64)),
+        col.encode_scattered(buffer, starts, lengths, text=False),
+    )
+    return col.ColumnBatch(("id", "blob"), columns, len(lengths), stable), buffer, blobs
+
+
+def test_stable_large_values_are_referred_to_and_others_copied() -> None:
+    # A stable batch's large values go into the chunk from their own memory, copied only as
+    # the chunk is written (the buffer changed before that shows in the chunk); any other
+    # batch's are copied when added: a caller may reuse its memory as soon as the call returns.
+    for stable in (True, False):
+        batch, buffer, blobs = _large_batch(stable)
+        builder = ChunkBuilder(block_bytes=65_536, compressor=FrameCompressor(None, 3))
+        assert builder.add_columns(batch, 0, 0, 2**40) == len(blobs)
+        buffer[:] = 0  # the caller's memory, reused before the chunk is written
+        data = b"".join(builder.finish())
+        got = [row["blob"] for row in _samples(data)]
+        if stable:
+            assert got == [bytes(len(b)) for b in blobs]
+        else:
+            assert got == blobs
+
+
+def test_frames_of_referred_values_are_laid_out_as_the_format_says() -> None:
+    batch, _buffer, blobs = _large_batch(True)
+    data, calls = _build(batch, 65_536, [40_000, 300_000], None)
+    _check_blocks(data, batch, 65_536, calls)
+    encoder = ValueEncoder()
+    layout = _layout(data)
+    row = 0
+    for block in layout.footer.blocks:
+        m = block.num_samples
+        frame = block.frames[layout.columns.index("blob")]
+        values = [encoder.encode(v, position=0, key="blob") for v in blobs[row : row + m]]
+        head = msgspec.msgpack.encode([None] * m)[:-m]
+        starts = np.cumsum([len(head)] + [len(v) for v in values[:-1]])
+        want = head + b"".join(values) + starts.astype("<u4").tobytes()
+        assert data[frame.offset : frame.offset + frame.length] == want
+        row += m
+    assert row == len(blobs)

@@ -92,6 +92,11 @@ def litdata_plain(i: int) -> dict[str, Any]:
             "ok": i % 2 == 0, "x": i / 4}  # fmt: skip
 
 
+def litdata_large(i: int) -> dict[str, Any]:
+    """Plain values, large ones among them (kept as Arrow rows, their bytes referred to)."""
+    return {"id": i, "blob": bytes([i % 251]) * (16_000 + 997 * i), "note": f"n{i} ✓"}
+
+
 def litdata_pickled(i: int) -> dict[str, Any]:
     return {"i": i, "odd": {i, i + 1}}  # a set: LitData pickles it
 
@@ -197,6 +202,39 @@ def test_litdata_rows_in_an_arrow_footer(tmp_path: Path):
         txstore.import_litdata(out, dest, num_workers=1, progress=False)
         _same_samples(txstore.open(dest).snapshot(), want)
         _same_samples(litdata.StreamingDataset(str(out)), want)  # what LitData itself reads
+
+
+def test_litdata_arrow_rows_come_in_as_columns_with_their_values(tmp_path: Path):
+    """Chunks of Arrow rows are read a column at a time, over the file's bytes (large values
+    copied once, into the store's chunks): the samples are those LitData reads."""
+    from txstore.format import peer_litdata
+
+    want = [litdata_large(i) for i in range(30)]
+    out = tmp_path / "ds"
+    litdata.optimize(fn=litdata_large, inputs=list(range(30)), output_dir=str(out),
+                     chunk_bytes="200KB", num_workers=1)  # fmt: skip
+    index = json.loads((out / "index.json").read_text())
+    assert len(index["chunks"]) > 2
+    layout = peer_litdata.Layout(index["config"], "x")
+    for entry in index["chunks"]:
+        data = (out / entry["filename"]).read_bytes()
+        batches = layout.batches(data, entry["chunk_size"], "x")
+        assert batches is not None  # the path under test
+        rows = list(layout.samples(data, entry["chunk_size"], "x"))
+        from txstore.format.columnar import decoded
+
+        got = [
+            dict(zip(b.names, values, strict=True))
+            for b in batches
+            for values in zip(*(decoded(c) for c in b.columns), strict=True)
+        ]
+        assert got == rows
+    for workers in (1, 2):
+        dest = str(tmp_path / f"st{workers}")
+        txstore.import_litdata(out, dest, num_workers=workers, chunk_bytes="100KB",
+                               progress=False)  # fmt: skip
+        _same_samples(txstore.open(dest).snapshot(), want)
+    _same_samples(litdata.StreamingDataset(str(out)), want)
 
 
 def test_litdata_arrow_rows_with_a_bad_string_are_corrupt(tmp_path: Path):
@@ -410,6 +448,46 @@ def test_mds_compressed_shards(tmp_path: Path, images: Path):
         dest = str(tmp_path / f"st-{algo.replace(':', '')}")
         txstore.import_mds(out, dest, num_workers=1, progress=False)
         _same_samples(txstore.open(dest).snapshot(), expected)
+
+
+def test_mds_shards_of_ints_bytes_and_strs_come_in_as_columns(tmp_path: Path, images: Path):
+    """Shards whose columns are all int, bytes, str, jpeg or png are read a column at a time
+    over the file's bytes; the samples are those MDS's own reader gives."""
+    from txstore.format import peer_mds
+    from txstore.format.columnar import decoded
+
+    streaming = _streaming()
+    columns = {"id": "int", "blob": "bytes", "text": "str", "jpg": "jpeg", "png": "png"}
+    jpeg = (images / "img0.jpeg").read_bytes()
+    want = [
+        {"blob": bytes([i]) * (i * 3000), "id": -(2**40) + i, "jpg": jpeg,
+         "png": _png(images / f"img{i % N}.png"), "text": f"ü {i}" * (i % 4)}
+        for i in range(40)
+    ]  # fmt: skip
+    out = tmp_path / "ds"
+    with streaming.MDSWriter(out=str(out), columns=columns, size_limit=300_000) as writer:
+        for i, row in enumerate(want):
+            writer.write({**row, "jpg": Image.open(images / "img0.jpeg"),
+                          "png": Image.open(images / f"img{i % N}.png")})  # fmt: skip
+    shards = json.loads((out / "index.json").read_text())["shards"]
+    assert len(shards) > 2
+    for shard in shards:
+        data = (out / shard["raw_data"]["basename"]).read_bytes()
+        batch = peer_mds.shard_batch(shard, data, "x")
+        assert batch is not None  # the path under test
+        got = [
+            dict(zip(batch.names, values, strict=True))
+            for values in zip(*(decoded(c) for c in batch.columns), strict=True)
+        ]
+        assert got == list(peer_mds.shard_samples(shard, data, "x"))
+    for workers in (1, 2):
+        dest = str(tmp_path / f"st{workers}")
+        txstore.import_mds(out, dest, num_workers=workers, progress=False)
+        _same_samples(txstore.open(dest).snapshot(), want)
+    # MDS's own reader (which decodes the images) gives the same ids, bytes and strs.
+    theirs = streaming.StreamingDataset(local=str(out), batch_size=1)
+    keys = ("id", "blob", "text")
+    assert [{k: s[k] for k in keys} for s in theirs] == [{k: w[k] for k in keys} for w in want]
 
 
 def test_mds_pickle_and_decimal_are_refused_naming_the_column(tmp_path: Path):
@@ -667,8 +745,19 @@ def test_an_mds_sample_longer_than_its_columns_is_corrupt():
              "samples": 1}  # fmt: skip
     size = (2).to_bytes(4, "little")
     assert list(peer_mds.shard_samples(shard, shard_bytes(size + b"ab"), "x")) == [{"a": b"ab"}]
+    # The column reader reads the same, and leaves a shard it finds unsound to the other,
+    # which names what is wrong: bytes left over, a str that is not UTF-8.
+    from txstore.format.columnar import decoded
+
+    batch = peer_mds.shard_batch(shard, shard_bytes(size + b"ab"), "x")
+    assert batch is not None and decoded(batch.columns[0]) == [b"ab"]
+    assert peer_mds.shard_batch(shard, shard_bytes(size + b"abzz"), "x") is None
     with pytest.raises(txstore.CorruptError, match="sample 0 has 2 bytes after its columns"):
         list(peer_mds.shard_samples(shard, shard_bytes(size + b"abzz"), "x"))
+    text = {**shard, "column_encodings": ["str"]}
+    assert peer_mds.shard_batch(text, shard_bytes(size + b"\xc3("), "x") is None
+    with pytest.raises(txstore.CorruptError, match=r"sample 0, column 'a'.*utf-8"):
+        list(peer_mds.shard_samples(text, shard_bytes(size + b"\xc3("), "x"))
 
 
 def test_bad_index_is_named(tmp_path: Path):

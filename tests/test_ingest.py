@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 import txstore
@@ -97,6 +98,61 @@ def test_failure_names_the_input_and_commits_nothing(backend: Backend) -> None:
     assert info.value.index == 1234
     assert store.version == 0
     assert {f.key for f in store.storage.list("chunks/")} == before  # nothing left behind
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_inputs_may_give_tables_and_samples_in_any_mix(tmp_path: Path, workers: int) -> None:
+    pa = pytest.importorskip("pyarrow")
+
+    def mixed(i: int) -> Any:
+        ids = list(range(10 * i, 10 * i + 10))
+        if i % 3 == 0:
+            return pa.table({"id": ids, "pad": [bytes([i]) * 40_000] * 10})
+        if i % 3 == 1:
+            return [{"id": k, "pad": bytes([i]) * 40_000} for k in ids]
+        return iter([pa.table({"id": ids[:4]}), *({"id": k} for k in ids[4:])])
+
+    out = str(tmp_path / "store")
+    optimize(mixed, range(40), out, num_workers=workers, chunk_bytes="256KB", progress=False)
+    samples = list(txstore.open(out).snapshot())
+    assert [s["id"] for s in samples] == list(range(400))
+    for s in samples:
+        i = s["id"] // 10
+        assert s.get("pad") == (None if i % 3 == 2 else bytes([i]) * 40_000), s["id"]
+
+
+def test_an_input_is_taken_only_once_what_came_before_is_written(tmp_path: Path) -> None:
+    # fn reuses one buffer for every table it returns (Arrow wraps numpy ints without a
+    # copy): each must be written before fn is called again, also after samples.
+    pa = pytest.importorskip("pyarrow")
+    buffer = np.zeros(5, dtype=np.int64)
+
+    def reusing(i: int) -> Any:
+        if i % 3 == 0:
+            return {"id": 5 * i}
+        buffer[:] = np.arange(5 * i, 5 * i + 5)
+        return pa.table({"id": pa.array(buffer)})
+
+    out = str(tmp_path / "store")
+    optimize(reusing, range(30), out, progress=False)
+    want = [k for i in range(30) for k in ([5 * i] if i % 3 == 0 else range(5 * i, 5 * i + 5))]
+    assert [s["id"] for s in txstore.open(out).snapshot()] == want
+
+
+def test_an_input_whose_table_cannot_be_stored_is_an_encode_error_naming_it(
+    tmp_path: Path,
+) -> None:
+    pa = pytest.importorskip("pyarrow")
+
+    def dated(i: int) -> Any:
+        kind = pa.timestamp("s") if i == 3 else pa.int64()
+        return pa.table({"id": [i], "t": pa.array([i], kind)})
+
+    out = str(tmp_path / "store")
+    with pytest.raises(txstore.EncodeError, match=r"input 3 .*column 't'.*timestamp") as info:
+        optimize(dated, range(6), out, progress=False)
+    assert info.value.index == 3
+    assert not os.path.exists(out)  # no store was made
 
 
 @pytest.mark.parametrize("workers", [1, 2, 3])

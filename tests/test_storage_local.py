@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from txstore.errors import AlreadyExistsError, StorageError
-from txstore.storage import LocalStorage, ReusedBuffer, Storage, open_storage
+from txstore.storage import LocalStorage, Storage, open_storage
 
 from .storage_suite import StorageSuite, in_another_process
 
@@ -43,24 +43,6 @@ def test_a_file_out_of_the_page_cache_is_not_cached(tmp_path: Path) -> None:
     assert storage.is_cached("chunks/c.chunk") is False
     assert storage.read("chunks/c.chunk") == bytes(range(256)) * 4096
     assert storage.is_cached("chunks/c.chunk") is True
-
-
-def test_read_reusing_reads_into_the_same_memory(tmp_path: Path) -> None:
-    """Files read one after another land in one buffer (no fresh memory per file), which is
-    replaced, not resized, when a larger file comes: a view of the old one stays valid."""
-    storage = open_storage(str(tmp_path / "store"))
-    big, small, bigger = os.urandom(50_000), os.urandom(20_000), os.urandom(90_000)
-    for key, data in (("a", big), ("b", small), ("c", bigger)):
-        storage.write(f"chunks/{key}.chunk", data)
-    buffer = ReusedBuffer()
-    first = storage.read_reusing("chunks/a.chunk", buffer)
-    assert isinstance(first, memoryview) and bytes(first) == big
-    second = storage.read_reusing("chunks/b.chunk", buffer)
-    assert isinstance(second, memoryview) and second.obj is first.obj
-    assert bytes(second) == small
-    third = storage.read_reusing("chunks/c.chunk", buffer)
-    assert bytes(third) == bigger and third.obj is not first.obj
-    assert bytes(first[20_000:]) == big[20_000:]  # the old buffer, still whole past "b"
 
 
 def test_publish_leaves_no_temp_files(tmp_path: Path) -> None:

@@ -745,22 +745,52 @@ def _parquet_fragment(file: Any, where: str) -> Any:
     return fragment
 
 
-def ipc_rows(data: bytes | memoryview, where: str) -> list[dict[str, Any]]:
-    """The rows of an Arrow IPC file (or stream) as dicts, as ``to_pylist`` gives them."""
+def ipc_table(data: bytes | memoryview, where: str) -> pa.Table:
+    """An Arrow IPC file (or stream), checked whole: its buffers are views of ``data``."""
     source = pa.py_buffer(data)
     try:
         if bytes(data[:6]) == b"ARROW1":
-            reader = pa.ipc.open_file(source)
-            table = reader.read_all()
+            table = pa.ipc.open_file(source).read_all()
         else:
             table = pa.ipc.open_stream(source).read_all()
-        # Offsets within their buffers, strings UTF-8: to_pylist trusts both (a bad offset
-        # raised SystemError, a bad string UnicodeDecodeError).
+        # Offsets within their buffers, strings UTF-8: to_pylist and the column encoders
+        # trust both (a bad offset raised SystemError, a bad string UnicodeDecodeError).
         table.validate(full=True)
     except (pa.ArrowInvalid, OSError) as e:
         raise CorruptError(f"{where}: a bad Arrow IPC block: {e}") from e
-    rows: list[dict[str, Any]] = table.to_pylist()
+    return table
+
+
+def ipc_rows(data: bytes | memoryview, where: str) -> list[dict[str, Any]]:
+    """The rows of an Arrow IPC file (or stream) as dicts, as ``to_pylist`` gives them."""
+    rows: list[dict[str, Any]] = ipc_table(data, where).to_pylist()
     return rows
+
+
+def _as_rows(t: pa.DataType) -> bool:
+    """Whether a column of type ``t`` reads back from txstore as ``to_pylist`` gives it
+    (a fixed-size list would come back as an array, a map as a dict, a float16 as float)."""
+    if pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_null(t):
+        return True
+    if pa.types.is_float32(t) or pa.types.is_float64(t):
+        return True
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return True
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return True
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return _as_rows(t.value_type)
+    if pa.types.is_struct(t):
+        return all(_as_rows(t.field(k).type) for k in range(t.num_fields))
+    return False
+
+
+def row_batches(table: pa.Table) -> list[ColumnBatch] | None:
+    """A table's rows encoded a column at a time, exactly as their ``to_pylist`` dicts
+    would be; None when a column's type does not read back so (or there are none)."""
+    if table.num_columns == 0 or not all(_as_rows(f.type) for f in table.schema):
+        return None
+    return list(batches(table))
 
 
 def parquet_bytes(table: Any) -> bytes:
@@ -784,11 +814,13 @@ __all__ = [
     "column_array",
     "encode_array",
     "ipc_rows",
+    "ipc_table",
     "parquet_bytes",
     "parquet_row_group",
     "parquet_row_groups",
     "py_array",
     "rebatch",
+    "row_batches",
     "unify",
 ]
 

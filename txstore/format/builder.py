@@ -503,7 +503,7 @@ class ChunkBuilder:
     def _add_blocks(self, batch: ColumnBatch, bounds: list[int]) -> None:
         """Seal the blocks of rows ``bounds[k]:bounds[k + 1]`` of a batch of columns."""
         width = len(batch.names)
-        frames = [self._column_frames(column, bounds) for column in batch.columns]
+        frames = [self._column_frames(column, bounds, batch.stable) for column in batch.columns]
         store, blocks = self._store_frame, self._sealed.blocks
         for number, (i, j) in enumerate(pairwise(bounds)):
             for name, column in zip(batch.names, frames, strict=True):
@@ -513,10 +513,13 @@ class ChunkBuilder:
             self._num_samples += j - i
 
     def _column_frames(
-        self, column: Encoded, bounds: list[int]
+        self, column: Encoded, bounds: list[int], stable: bool = False
     ) -> list[tuple[tuple[bytes | memoryview, ...], int]]:
         """The raw frame of each block of rows ``bounds[k]:bounds[k + 1]`` of one column: its
-        parts and its length."""
+        parts and its length. ``stable``: the column's bytes stay as they are until the
+        chunk is stored (``ColumnBatch.stable``)."""
+        if stable and isinstance(column, Prefixed) and column.is_large:
+            return self._referenced_frames(column, bounds)
         if isinstance(column, Prefixed) and column.uniform is not None:
             head, length = column.uniform
             rows = column.payload[int(column.starts[0]) :]
@@ -542,6 +545,27 @@ class ChunkBuilder:
             body = data[at[number] : at[number + 1]]
             table = tables[4 * (i - first) : 4 * (j - first)]
             frames.append(((head, body, table), len(head) + len(body) + len(table)))
+        return frames
+
+    def _referenced_frames(
+        self, column: Prefixed, bounds: list[int]
+    ) -> list[tuple[tuple[bytes | memoryview, ...], int]]:
+        """``_column_frames`` of large values whose bytes stay unchanged until the chunk is
+        stored: a frame's parts are its values' headers and views of their payloads, which
+        the chunk's writer copies into the file, the one copy of each value's bytes."""
+        heads, used = column.heads, column.used.tolist()
+        begins, ends = column.spans()
+        sizes = np.diff(column.offsets).tolist()
+        payload = column.payload.data
+        frames: list[tuple[tuple[bytes | memoryview, ...], int]] = []
+        for i, j in pairwise(bounds):
+            head = _ARRAY_HEADERS[j - i]
+            parts: list[bytes | memoryview] = [head]
+            for k in range(i, j):
+                parts += (heads[k, : used[k]].tobytes(), payload[begins[k] : ends[k]])
+            table = struct.pack(f"<{j - i}I", *accumulate(sizes[i : j - 1], initial=len(head)))
+            parts.append(table)
+            frames.append((tuple(parts), len(head) + sum(sizes[i:j]) + len(table)))
         return frames
 
     def _even_frames(

@@ -26,6 +26,7 @@ from ..errors import EncodeError
 from .values import ABSENT, MAX_ARRAY_BYTES, MAX_VALUE_BYTES, ValueEncoder
 
 _U8 = np.uint8
+_LARGE = 16 << 10
 #: MessagePack's one-byte nil, the encoding of a null.
 NIL = 0xC0
 
@@ -65,12 +66,15 @@ class Encoded:
 class Prefixed(Encoded):
     """Values that are each a header and a payload (strs, bytes, lists, numpy arrays), kept
     apart: value ``i`` is ``heads[i, :used[i]]`` then ``payload[starts[i]:starts[i + 1]]``
-    (``starts`` index ``payload`` itself: a slice's values start where its first one does).
+    (``starts`` index ``payload`` itself: a slice's values start where its first one does),
+    or, given ``lengths``, ``payload[starts[i]:starts[i] + lengths[i]]``: values anywhere in
+    ``payload`` (a peer's file, between its other columns).
     ``data`` joins them when first asked for; a chunk builder instead copies a column of one
     header and one payload length straight into its frames (``uniform``), so each value's
-    bytes are copied once, not into ``data`` and again into a frame."""
+    bytes are copied once, not into ``data`` and again into a frame, or refers to large
+    values' payloads where they stay unchanged (``is_large``, ``ColumnBatch.stable``)."""
 
-    __slots__ = ("_ready", "heads", "payload", "starts", "uniform", "used")
+    __slots__ = ("_ready", "heads", "is_large", "lengths", "payload", "starts", "uniform", "used")
 
     def __init__(
         self,
@@ -78,25 +82,43 @@ class Prefixed(Encoded):
         used: np.ndarray[Any, Any],
         payload: np.ndarray[Any, Any],
         starts: np.ndarray[Any, Any],
+        lengths: np.ndarray[Any, Any] | None = None,
     ) -> None:
         n = len(used)
-        lengths = np.diff(starts)
+        scattered = lengths is not None
+        if lengths is None:
+            lengths = np.diff(starts)
         offsets = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(used + lengths, out=offsets[1:])
         super().__init__(np.empty(0, dtype=_U8), offsets)
         self.heads, self.used, self.payload, self.starts = heads, used, payload, starts
+        self.lengths = lengths
         #: (the header every value has, the payload length every value has), or None.
         self.uniform: tuple[bytes, int] | None = None
-        if n and (lengths == lengths[0]).all() and (used == used[0]).all():
+        if n and not scattered and (lengths == lengths[0]).all() and (used == used[0]).all():
             h = int(used[0])
             if (heads[:, :h] == heads[0, :h]).all():
                 self.uniform = (heads[0, :h].tobytes(), int(lengths[0]))
         self._ready = False
+        #: Values of 16 KiB or more on average, which a frame may refer to, not copy.
+        self.is_large = n > 0 and int(lengths.sum()) >= _LARGE * n
+
+    def spans(self) -> tuple[list[int], list[int]]:
+        """Where each value's payload starts and ends in ``payload``."""
+        starts = self.starts[: len(self.used)]
+        return starts.tolist(), (starts + self.lengths).tolist()
 
     @property
     def data(self) -> np.ndarray[Any, Any]:
         if not self._ready:
-            self._data = _joined(self.heads, self.used, self.payload, self.starts, self.offsets)
+            if len(self.starts) == len(self.used) + 1:
+                self._data = _joined(self.heads, self.used, self.payload, self.starts, self.offsets)
+            else:
+                view, used = self.payload.data, self.used.tolist()
+                parts: list[Any] = []
+                for k, (a, b) in enumerate(zip(*self.spans(), strict=True)):
+                    parts += (self.heads[k, : used[k]].tobytes(), view[a:b])
+                self._data = np.frombuffer(b"".join(parts), dtype=_U8)
             self._ready = True
         return self._data
 
@@ -108,6 +130,13 @@ class ColumnBatch:
     names: tuple[str, ...]
     columns: tuple[Encoded, ...]
     num_rows: int
+    #: The values' bytes stay as they are until the writer has stored them (an importer's
+    #: source files, read through a map): a chunk builder may refer to large values' bytes
+    #: where it would otherwise copy them (``Prefixed.is_large``).
+    stable: bool = False
+
+    def __len__(self) -> int:
+        return self.num_rows
 
     def rows(self, start: int, stop: int) -> ColumnBatch:
         """Rows [start, stop) of the batch (views of its bytes)."""
@@ -324,6 +353,18 @@ def encode_binary(data: np.ndarray[Any, Any], offsets: np.ndarray[Any, Any]) -> 
     return Prefixed(heads, used, data, offsets)
 
 
+def encode_scattered(
+    data: np.ndarray[Any, Any],
+    starts: np.ndarray[Any, Any],
+    lengths: np.ndarray[Any, Any],
+    text: bool,
+) -> Encoded:
+    """Bytes (or UTF-8 strings, checked by the caller: ``text``) found anywhere in ``data``:
+    value ``i`` is ``data[starts[i]:starts[i] + lengths[i]]``."""
+    heads, used = _headers(lengths, _STR if text else _BIN)
+    return Prefixed(heads, used, data, starts, lengths)
+
+
 def encode_lists(items: Encoded, offsets: np.ndarray[Any, Any]) -> Encoded:
     """Lists of the values of ``items``: list ``i`` holds items ``offsets[i]:offsets[i+1]``."""
     heads, used = _headers(np.diff(offsets), _ARRAY)
@@ -415,8 +456,9 @@ def _is_arrow(obj: Any) -> bool:
 
 
 def is_columns(obj: Any) -> bool:
-    """Whether ``obj`` is a table of samples (Arrow or pandas), not a sample."""
-    return _is_arrow(obj)
+    """Whether ``obj`` is a table of samples (Arrow, pandas, or columns encoded already by
+    an importer), not a sample."""
+    return _is_arrow(obj) or isinstance(obj, ColumnBatch)
 
 
 def _check_names(names: Iterable[Any], where: str) -> tuple[str, ...]:
@@ -471,9 +513,7 @@ def as_columns(samples: Any, position: int = 0) -> Iterator[ColumnBatch] | None:
     """The column batches of ``samples``, or None when they are not columns (samples are
     then an iterable of dicts). An iterable whose first item is a table or batch is taken
     as a stream of them; a dict among them is a dict of columns."""
-    if isinstance(samples, dict):
-        return _batches(iter([samples]), position)
-    if _is_arrow(samples):
+    if isinstance(samples, dict) or is_columns(samples):
         return _batches(iter([samples]), position)
     return None
 
@@ -485,7 +525,7 @@ def peek_columns(
     to find out, and put back in front of the rest when they are samples after all."""
     found = as_columns(samples, position)
     if found is not None or isinstance(samples, list | tuple):
-        if isinstance(samples, list | tuple) and samples and _is_arrow(samples[0]):
+        if isinstance(samples, list | tuple) and samples and is_columns(samples[0]):
             return _batches(iter(samples), position), samples
         return found, samples
     try:
@@ -499,7 +539,7 @@ def peek_columns(
         first = next(it)
     except StopIteration:
         return None, ()
-    if _is_arrow(first):
+    if is_columns(first):
         return _batches(_chain(first, it), position), ()
     return None, _chain(first, it)
 
@@ -516,6 +556,10 @@ def _batches(items: Iterator[Any], position: int) -> Iterator[ColumnBatch]:
             batch = dict_columns(item, position)
             position += batch.num_rows
             yield batch
+            continue
+        if isinstance(item, ColumnBatch):
+            position += item.num_rows
+            yield item
             continue
         if not _is_arrow(item):
             raise EncodeError(

@@ -427,6 +427,23 @@ class Layout:
         #: a lone leaf as field "value"
         self.top = top
 
+    def batches(self, data: bytes | memoryview, num_items: int, where: str) -> list[Any] | None:
+        """The rows of a chunk that stores them as Arrow (LitData's footer) as column
+        batches (``format.columnar.ColumnBatch``) with the values ``samples`` gives, their
+        bytes views of ``data``; None for a chunk without that footer, or whose columns
+        would not read back as its rows (``samples`` then reads it)."""
+        view = memoryview(data)
+        footer = arrow_footer(view) if len(view) >= 4 else None
+        if footer is None or _U32.unpack_from(view, 0)[0] != num_items:
+            return None
+        from .arrow import ipc_table, row_batches
+
+        table = ipc_table(view[footer[0] : footer[1]], where)
+        if table.num_rows != num_items:
+            rows = table.num_rows
+            raise CorruptError(f"{where}: {rows} rows in the Arrow footer, not {num_items}")
+        return row_batches(table)
+
     def samples(
         self, data: bytes | memoryview, num_items: int, where: str
     ) -> Iterator[dict[str, Any]]:

@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import CorruptError, EncodeError, UnsupportedFormatError
+from . import columnar
+from .columnar import ColumnBatch
 from .manifest import check_path
 
 _U32 = struct.Struct("<I")
@@ -331,6 +333,70 @@ def shard_samples(
         if at != end:  # sizes that do not match the columns' bytes (as a wrong index makes)
             raise CorruptError(f"{where}: sample {i} has {end - at} bytes after its columns")
         yield out
+
+
+#: The encodings a shard's columns may have for ``shard_batch`` to read it a column at a time.
+_COLUMNAR = {"bytes": False, "jpeg": False, "png": False, "str": True}
+
+
+def shard_batch(shard: dict[str, Any], data: bytes | memoryview, where: str) -> ColumnBatch | None:
+    """The samples of one shard file's (decompressed) bytes as columns, with no Python
+    object per value: the same values ``shard_samples`` gives, for shards whose columns are
+    all ``int``, ``bytes``, ``jpeg``, ``png`` or ``str``. None for any other shard, and
+    for one whose layout is not sound: ``shard_samples`` then reads it, or names what is
+    wrong with it. The byte columns are views of ``data``."""
+    names, encodings = shard["column_names"], shard["column_encodings"]
+    variable = [s is None for s in shard["column_sizes"]]
+    if not names or any(
+        (e != "int" or var) and (e not in _COLUMNAR or not var)
+        for e, var in zip(encodings, variable, strict=True)
+    ):
+        return None
+    view = memoryview(data)
+    n = shard["samples"]
+    if len(view) < 4 * (n + 2) or _U32.unpack_from(view, 0)[0] != n or n == 0:
+        return None
+    buf = np.frombuffer(view, dtype=np.uint8)
+    offsets = np.frombuffer(view, dtype="<u4", count=n + 1, offset=4).astype(np.int64)
+    begins, ends = offsets[:-1], offsets[1:]
+    head = 4 * sum(variable)
+    if int(ends.max()) > len(view) or bool(np.any(ends - begins < head)):
+        return None
+    sizes = (
+        buf[begins[:, None] + np.arange(head)].view("<u4").astype(np.int64)
+        if head
+        else np.zeros((n, 0), dtype=np.int64)
+    )
+    at, v = begins + head, 0
+    columns = []
+    for encoding, var in zip(encodings, variable, strict=True):
+        if not var:
+            ints = buf[at[:, None] + np.arange(8)].view("<i8").reshape(n)
+            columns.append(columnar.encode_ints(ints))
+            at = at + 8
+            continue
+        lengths = sizes[:, v]
+        v += 1
+        if bool(np.any(at + lengths > ends)):
+            return None
+        text = _COLUMNAR[encoding]
+        if text and not _utf8(view, at, lengths):
+            return None
+        columns.append(columnar.encode_scattered(buf, at, lengths, text))
+        at = at + lengths
+    if not np.array_equal(at, ends):
+        return None
+    return ColumnBatch(tuple(names), tuple(columns), n)
+
+
+def _utf8(view: memoryview, starts: np.ndarray[Any, Any], lengths: np.ndarray[Any, Any]) -> bool:
+    """Whether every value ``view[starts[i]:starts[i] + lengths[i]]`` is valid UTF-8."""
+    try:
+        for a, b in zip(starts.tolist(), (starts + lengths).tolist(), strict=True):
+            str(view[a:b], "utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 # -- writing ---------------------------------------------------------------------------

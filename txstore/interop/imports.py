@@ -13,6 +13,7 @@ nor MosaicML Streaming is needed, and nothing is ever unpickled.
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import io
 import os
@@ -21,9 +22,10 @@ from typing import Any
 
 from ..errors import NotFoundError, StorageError
 from ..format import peer_litdata, peer_mds
+from ..format.columnar import ColumnBatch
 from ..format.manifest import DEFAULT_CHUNK_BYTES
 from ..format.units import parse_size
-from ..storage import ReusedBuffer, Storage, open_storage
+from ..storage import Storage, open_storage
 from ..store.core import Commit
 from ..store.ingest import optimize
 from ..store.progress import ProgressArg
@@ -48,10 +50,12 @@ def _read(storage: Storage, key: str) -> bytes:
         raise NotFoundError(f"{storage.uri}/{key} does not exist") from None
 
 
-def _read_reusing(storage: Storage, key: str, buffer: ReusedBuffer) -> bytes | memoryview:
-    """The whole file, maybe as a view of ``buffer``, valid until its next use."""
+def _whole(storage: Storage, key: str) -> bytes | memoryview:
+    """The whole file, in memory that is never reused: a local file mapped (no copy and no
+    fresh memory, where reading a 64 MiB file into fresh memory cost more than converting
+    it), another backend's bytes."""
     try:
-        return storage.read_reusing(key, buffer)
+        return storage.read_buffer(key)
     except NotFoundError:
         raise NotFoundError(f"{storage.uri}/{key} does not exist") from None
 
@@ -100,24 +104,31 @@ class _File:
         return self.name
 
 
+def _stable(batches: list[ColumnBatch]) -> list[ColumnBatch]:
+    """Batches over a source file's bytes, which stay as they are until they are written
+    (``_whole`` never reuses memory): the writer may copy them straight into its chunks."""
+    return [dataclasses.replace(b, stable=True) for b in batches]
+
+
 class _LitDataChunk:
-    """Reads one LitData chunk file into samples (the function ``optimize`` maps). Each
-    process reads its files into one buffer: the parsers copy every value out of it (bytes,
-    str, numbers, arrays that own their memory), and a fresh buffer a file cost more than
-    the copy into it."""
+    """Reads one LitData chunk file into samples (the function ``optimize`` maps): rows
+    LitData stored as Arrow as column batches over the file's bytes, others as dicts."""
 
     def __init__(self, uri: str, options: dict[str, Any] | None, config: dict[str, Any]) -> None:
         self.uri, self.options = uri, options
         self.layout = peer_litdata.Layout(config, f"{uri}/index.json")
-        self.buffer = ReusedBuffer()
 
-    def __call__(self, file: _File) -> list[dict[str, Any]]:
+    def __call__(self, file: _File) -> list[Any]:
         storage = _source(self.uri, self.options)
         name, chunk = file.name, file.entry
         where = f"{self.uri}/{name}"
-        raw = _read_reusing(storage, name, self.buffer)
+        raw = _whole(storage, name)
         data = peer_litdata.classic_chunk(raw, self.layout.compression, where)
-        return list(self.layout.samples(data, int(chunk["chunk_size"]), where))
+        count = int(chunk["chunk_size"])
+        batches = self.layout.batches(data, count, where)
+        if batches is not None:
+            return _stable(batches)
+        return list(self.layout.samples(data, count, where))
 
 
 def import_litdata(
@@ -176,21 +187,23 @@ def import_litdata(
 
 
 class _MdsShard:
-    """Reads one MDS shard file into samples (the function ``optimize`` maps), as
-    ``_LitDataChunk`` reads a chunk."""
+    """Reads one MDS shard file into samples (the function ``optimize`` maps): a shard of
+    ints, bytes and strs as one column batch over the file's bytes, others as dicts."""
 
     def __init__(self, uri: str, options: dict[str, Any] | None) -> None:
         self.uri, self.options = uri, options
-        self.buffer = ReusedBuffer()
 
-    def __call__(self, file: _File) -> list[dict[str, Any]]:
+    def __call__(self, file: _File) -> list[Any]:
         storage = _source(self.uri, self.options)
         shard = file.entry
         name, compression = peer_mds.shard_file(shard)
         where = f"{self.uri}/{name}"
-        data = _read_reusing(storage, name, self.buffer)
+        data = _whole(storage, name)
         if compression is not None:
             data = peer_mds.decompress(data, compression, where)
+        batch = peer_mds.shard_batch(shard, data, where)
+        if batch is not None:
+            return _stable([batch])
         return list(peer_mds.shard_samples(shard, data, where))
 
 
@@ -344,7 +357,8 @@ def _parquet_file(storage: Storage, key: str, size: int) -> str | RangedFile:
 
 
 class _ParquetRowGroup:
-    """Reads one row group of a Parquet file as a table (the function ``optimize`` maps)."""
+    """Reads one row group of a Parquet file as column batches (the function ``optimize``
+    maps), over the table Arrow read, which nothing changes."""
 
     def __init__(self, options: dict[str, Any] | None, columns: list[str] | None) -> None:
         self.options, self.columns = options, columns
@@ -354,7 +368,8 @@ class _ParquetRowGroup:
 
         root, key, size, number = file.entry
         source = _parquet_file(_source(root, self.options), key, size)
-        return arrow.parquet_row_group(source, number, self.columns, f"{root}/{key}")
+        table = arrow.parquet_row_group(source, number, self.columns, f"{root}/{key}")
+        return _stable(list(arrow.batches(table)))
 
 
 def import_parquet(

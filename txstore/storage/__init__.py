@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .base import TEMP_PREFIX, FileInfo, ReusedBuffer, Storage
+from .base import TEMP_PREFIX, FileInfo, Storage
 from .local import LocalStorage
 from .memory import MemoryStorage
 from .open import open_storage
@@ -40,7 +40,6 @@ __all__ = [
     "GcsStorage",
     "LocalStorage",
     "MemoryStorage",
-    "ReusedBuffer",
     "S3Storage",
     "Storage",
     "open_storage",

@@ -29,22 +29,6 @@ class FileInfo(NamedTuple):
     mtime: float  # seconds since the epoch
 
 
-class ReusedBuffer:
-    """Memory for ``Storage.read_reusing``, reused from read to read: new memory only for a
-    file larger than any before (never resized in place, as a view of it may be alive)."""
-
-    __slots__ = ("_data",)
-
-    def __init__(self) -> None:
-        self._data = bytearray()
-
-    def take(self, size: int) -> memoryview:
-        """``size`` bytes of the buffer to read into."""
-        if len(self._data) < size:
-            self._data = bytearray(size)
-        return memoryview(self._data)[:size]
-
-
 class Storage(ABC):
     """Bytes under string keys ("versions/index.v3.json") below one root.
 
@@ -102,15 +86,10 @@ class Storage(ABC):
 
     def read_buffer(self, key: str, tail: int = 0) -> bytes | memoryview:
         """The whole object, as ``read``; where a backend can, a read-only view of a mapped
-        file instead: no copy, no fresh memory. Only for objects never rewritten (chunks).
+        file instead: no copy, no fresh memory. Only for objects not rewritten while the
+        view lives (chunks; a dataset's files while it is imported).
         ``tail``: the reader needs the object's last ``tail`` bytes first (a chunk's footer);
         a backend that reads the object ahead asks for those before the rest."""
-        return self.read(key)
-
-    def read_reusing(self, key: str, buffer: ReusedBuffer) -> bytes | memoryview:
-        """The whole object, as ``read``; where a backend can, read into ``buffer`` and
-        returned as a view of it, valid until the buffer's next use: a reader of many large
-        files (an importer) then touches fresh memory once, not once a file."""
         return self.read(key)
 
     def is_cached(self, key: str) -> bool:

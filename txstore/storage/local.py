@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import AlreadyExistsError, NotFoundError, RefChangedError, StorageError
-from .base import TEMP_PREFIX, Data, FileInfo, ReusedBuffer, Storage
+from .base import TEMP_PREFIX, Data, FileInfo, Storage
 
 _LOCK_NAME = ".txstore.lock"
 _MAX_KEPT_MAPS = 64
@@ -314,23 +314,6 @@ class LocalStorage(Storage):
             raise NotFoundError(f"{self.root}/{key} does not exist") from None
         except OSError as e:
             raise StorageError(f"cannot read {self.root}/{key}: {e}") from e
-
-    def read_reusing(self, key: str, buffer: ReusedBuffer) -> bytes | memoryview:
-        fd = self._open(key)
-        try:
-            size = os.fstat(fd).st_size
-            view = buffer.take(size)
-            got = 0
-            while got < size:  # the file as long as it was when opened, or shorter
-                n = os.preadv(fd, [view[got:]], got)
-                if n == 0:
-                    break
-                got += n
-            return view[:got]
-        except OSError as e:
-            raise StorageError(f"cannot read {self.root}/{key}: {e}") from e
-        finally:
-            os.close(fd)
 
     def read_range_view(self, key: str, start: int, end: int) -> bytes | memoryview:
         # A block from _MAP_BELOW: a pread, into a new bytes object (a bytearray would be

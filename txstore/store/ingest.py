@@ -52,6 +52,10 @@ class _Stopped(Exception):
     """Another worker failed: this one stops early (and deletes its chunks)."""
 
 
+#: What fn gave for one input: its samples and tables, and how many of them are tables.
+_Output = tuple[list[Any], int]
+
+
 class _Samples:
     """fn's samples for inputs[start:stop] (fn returns a dict or an iterable of dicts), and
     which input the sample taken last came from, to name it when it cannot be encoded."""
@@ -70,7 +74,41 @@ class _Samples:
         self.index = -1  # the input whose samples are being taken
         self.first = 0  # how many samples were taken before that input's
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
+    def runs(self) -> Iterator[Any]:
+        """The samples as ``StagedWriter.write`` takes them, in order: each table alone, and
+        each stretch of samples (of one input or of several in a row) as one iterator.
+        Nothing of an input is taken before the writer has added what came before it: fn
+        may reuse its buffers."""
+        outputs = self._outputs()
+        held: list[_Output] = []  # an input's output, taken to find it holds a table
+
+        def samples(first: list[Any]) -> Iterator[Any]:
+            yield from first
+            for output in outputs:
+                if output[1]:
+                    held.append(output)
+                    return
+                yield from output[0]
+
+        for produced, tables in _chain_held(held, outputs):
+            if not tables:
+                yield samples(produced)
+                continue
+            # Tables alone; samples between them (a list fn returned) as a list.
+            stretch: list[Any] = []
+            for p in produced:
+                if type(p) is not dict and is_columns(p):
+                    if stretch:
+                        yield stretch
+                        stretch = []
+                    yield p
+                else:
+                    stretch.append(p)
+            if stretch:
+                yield stretch
+
+    def _outputs(self) -> Iterator[_Output]:
+        """fn's output for each input in turn, counted once the writer has taken it."""
         taken = 0
         fn, inputs, stop, flag = self.fn, self.inputs, self.stop, self.stop_flag
         # Progress counts inputs (their number is the total known up front). A shared
@@ -82,11 +120,15 @@ class _Samples:
             if flag is not None and flag.value:
                 raise _Stopped
             item = inputs[index]
-            produced = self._call(fn, item, index)
+            output = self._call(fn, item, index)
             self.index, self.first = index, taken
-            yield from produced
+            yield output
+            produced, tables = output
             # A table (or data frame) fn returned holds as many samples as it has rows.
-            taken += sum(len(p) if is_columns(p) else 1 for p in produced)
+            if tables:
+                taken += sum(len(p) if is_columns(p) else 1 for p in produced)
+            else:
+                taken += len(produced)
             unreported += 1
             if (
                 unreported >= every
@@ -97,13 +139,22 @@ class _Samples:
                 unreported, reported_at = 0, time.monotonic()
 
     @staticmethod
-    def _call(fn: Callable[[Any], Any], item: Any, index: int) -> list[Any]:
+    def _call(fn: Callable[[Any], Any], item: Any, index: int) -> _Output:
+        """fn's samples and tables for one input, and how many of them are tables."""
         try:
             out = fn(item)
-            if isinstance(out, dict) or is_columns(out):
-                return [out]
+            if type(out) is dict:
+                return [out], 0
+            if is_columns(out):
+                return [out], 1
+            if isinstance(out, dict):
+                return [out], 0
             if isinstance(out, Iterable) and not isinstance(out, str | bytes | bytearray):
-                return list(out)  # a generator's own errors are fn's: named below
+                produced = list(out)  # a generator's own errors are fn's: named below
+                tables = sum(type(p) is not dict and is_columns(p) for p in produced)
+                return produced, tables
+        except EncodeError as e:  # what fn made of the input cannot be stored (an importer's)
+            raise EncodeError(f"input {index} ({item!r:.200}): {e}", index) from e
         except Exception as e:
             raise InputError(
                 f"fn failed on input {index} ({item!r:.200}): {type(e).__name__}: {e}", index
@@ -124,7 +175,9 @@ class _Samples:
         match = _POSITION.match(text)
         nth = -1 if match is None else int(match.group(1)) - self.first
         if match is None or nth < 0:  # not tied to a sample of this input
-            return EncodeError(f"while writing input {self.index} ({item!r:.200}): {text}")
+            return EncodeError(
+                f"while writing input {self.index} ({item!r:.200}): {text}", self.index
+            )
         where = f"input {self.index} ({item!r:.200}), its sample {nth}"
         return EncodeError(f"{where}{match.group(2)}{text[match.end() :]}", self.index)
 
@@ -133,10 +186,24 @@ class _Samples:
 _POSITION = re.compile(r"sample (\d+)(, |: )")
 
 
+def _chain_held(held: list[_Output], outputs: Iterator[_Output]) -> Iterator[_Output]:
+    """``outputs``, the one ``held`` back by a stretch of samples given first, before the
+    next is taken (taking it calls fn)."""
+    while True:
+        if held:
+            yield held.pop()
+            continue
+        produced = next(outputs, None)
+        if produced is None:
+            return
+        yield produced
+
+
 def _write(writer: StagedWriter, samples: _Samples) -> StagedPart:
     """Write ``samples`` and finish; an EncodeError names the input the sample came from."""
     try:
-        writer.write(samples)
+        for run in samples.runs():
+            writer.write(run)
     except EncodeError as e:
         if e.index is not None or samples.index < 0:
             raise
@@ -295,8 +362,8 @@ def optimize(
     ``output_dir`` (LitData's ``optimize``, transactional).
 
     ``fn`` returns a sample (a dict) or several (an iterable of dicts, e.g. a generator, or
-    a pyarrow Table or RecordBatch or a pandas DataFrame: a sample per row; when the first
-    input gives a table, every input must).
+    a pyarrow Table or RecordBatch or a pandas DataFrame: a sample per row); inputs may
+    differ in which they give.
     ``mode``: None creates a store and refuses an existing one (but for an empty one with
     these settings, as a storage failure mid-call can leave); "append" adds a version;
     "overwrite" commits a version holding only these samples (older versions stay). A new

@@ -10,6 +10,10 @@ Same run, same samples (W1: ``{"id": int, "tokens": 2 KiB bytes}``), round robin
 - take: txstore ``snapshot.take(64 random indices)`` against 64 ``snapshot[i]`` (and Lance
   ``take``), medians over many draws, each of the two txstore ways first on half of them.
 
+Two floors in the same run: a durable write of the table's own buffers (files of 64 MiB,
+fsync), which any writer of these bytes pays; and 64 preads of a 64 KiB block of txstore's
+chunks, each checked with XXH3, which a reader of one row per block pays in this format.
+
     ../bench-venv/bin/python bench/bench_arrow.py --quick
     ../bench-venv/bin/python bench/bench_arrow.py --json bench/results/arrow.json
 """
@@ -61,6 +65,39 @@ def _scan_lance(dataset: Any) -> int:
     return sum(b.num_rows for b in dataset.to_batches())
 
 
+def _write_floor(table: Any, out: Path) -> None:
+    """The floor of a durable write of the table: its buffers' bytes as they are, in files
+    of 64 MiB written in 1 MiB calls (fsync by the caller, as for every writer)."""
+    out.mkdir()
+    piece, step = 64 << 20, 1 << 20
+    buffers = [b for c in table.columns for a in c.chunks for b in a.buffers() if b is not None]
+    data = [memoryview(b) for b in buffers]
+    number, written = 0, piece
+    fd = -1
+    for view in data:
+        for at in range(0, len(view), step):
+            if written >= piece:
+                if fd >= 0:
+                    os.close(fd)
+                fd = os.open(out / f"{number}.bin", os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+                number, written = number + 1, 0
+            written += os.write(fd, view[at : at + step])
+    os.close(fd)
+
+
+def _take_floor(files: list[tuple[int, int]], picks: list[tuple[int, int]]) -> int:
+    """The floor of reading 64 random rows from txstore's chunks: per row, one pread of a
+    64 KiB block (the writer's block size) and its XXH3 check, nothing else."""
+    import xxhash
+
+    total = 0
+    for fd_size, at in picks:
+        fd, size = files[fd_size]
+        block = os.pread(fd, 65536, at % max(1, size - 65536))
+        total += xxhash.xxh3_64_intdigest(block) & 1
+    return total
+
+
 def _copy_each(pieces: list[Any], value_bytes: int) -> int:
     copied = 0
     for part in pieces:
@@ -91,6 +128,7 @@ def main() -> None:
         "txstore-batches": lambda out: txstore.create(str(out)).append(iter(batches)),
         "txstore-dicts": lambda out: txstore.create(str(out)).append(s for s in samples),
     }
+    writers["floor: write + fsync"] = partial(_write_floor, table)
     if lance is not None:
         writers["lance-2.0"] = lambda out: lance.write_dataset(
             table, str(out), data_storage_version="2.0"
@@ -123,6 +161,11 @@ def main() -> None:
     for peer in ("lance-2.0", "lance-default"):
         if peer in write:
             ratios[f"batches / {peer}"] = write[peer] / write["txstore-batches"]
+    # How close each writer comes to writing the same bytes durably and nothing else.
+    floor = write["floor: write + fsync"]
+    for name in ("txstore-batches", "lance-2.0"):
+        if name in write:
+            ratios[f"{name} / floor (speed)"] = floor / write[name]
     # Reads, of the stores of the last turn, warm.
     last = repeat - 1
     snap = txstore.open(str(base / f"txstore-batches-{last}")).snapshot()
@@ -167,6 +210,10 @@ def main() -> None:
     take_s: list[float] = []
     getitem_s: list[float] = []
     lance_s: list[float] = []
+    floor_s: list[float] = []
+    chunk_dir = base / f"txstore-batches-{last}" / "chunks"
+    chunk_paths = sorted(chunk_dir.glob("*.chunk"))
+    files = [(os.open(p, os.O_RDONLY), p.stat().st_size) for p in chunk_paths]
     for k, indices in enumerate(draws):
         # Each way goes first on half the draws: the first to read a block pays for mapping
         # its pages in, and the second would find them mapped.
@@ -180,17 +227,27 @@ def main() -> None:
             start = time.perf_counter()
             datasets["lance-2.0"].take(indices)
             lance_s.append(time.perf_counter() - start)
+        picks = [(rng.randrange(len(files)), rng.randrange(1 << 40)) for _ in indices]
+        start = time.perf_counter()
+        _take_floor(files, picks)
+        floor_s.append(time.perf_counter() - start)
     take = {
         "take(64)": statistics.median(take_s),
         "64 x snap[i]": statistics.median(getitem_s),
     }
     if lance_s:
         take["lance-2.0 take(64)"] = statistics.median(lance_s)
+    take["floor: 64 x (pread + check a block)"] = statistics.median(floor_s)
+    for fd, _size in files:
+        os.close(fd)
     report["take_s"] = take
     print("\nrandom rows, 64 at a time (median of draws):")
     for name, seconds in take.items():
         print(f"  {name:20} {seconds * 1e3:8.2f} ms")
     ratios["take(64) / 64 x snap[i] (time)"] = take["take(64)"] / take["64 x snap[i]"]
+    ratios["floor / 64 x snap[i] (time)"] = (
+        take["floor: 64 x (pread + check a block)"] / take["64 x snap[i]"]
+    )
     report["ratios"] = ratios
     print("\nratios:")
     targets = {

@@ -991,19 +991,37 @@ ARROW_TARGETS = {
 }
 
 
+def _arrow_bound(name: str, ratios: dict[str, float]) -> float | None:
+    """The best a target's ratio could be, from the floors measured in the same run: txstore
+    writing as fast as the floor, against Lance's write; a take that only reads and checks
+    each row's block, against 64 snap[i]. None where the run has no floor for it."""
+    if name == "batches / lance-2.0" and "lance-2.0 / floor (speed)" in ratios:
+        return 1 / ratios["lance-2.0 / floor (speed)"]
+    if name == "take(64) / 64 x snap[i] (time)":
+        return ratios.get("floor / 64 x snap[i] (time)")
+    return None
+
+
 def arrow_section(report: Report) -> str:
     n = report.get("workload", "W1")
     writes = [[name, f"{seconds:.2f}"] for name, seconds in report["write_s"].items()]
     scans = [[name, f"{seconds:.3f}"] for name, seconds in report["scan_s"].items()]
     takes = [[name, f"{seconds * 1e3:.2f}"] for name, seconds in report["take_s"].items()]
     ratios = []
-    for name, value in report["ratios"].items():
+    given = report["ratios"]
+    for name, value in given.items():
         sign, target = ARROW_TARGETS.get(name, ("", None))
         met = (
             ""
             if target is None
             else ("met" if (value >= target if sign == ">=" else value <= target) else "not met")
         )
+        bound = _arrow_bound(name, given)
+        if met == "not met" and bound is not None and target is not None:
+            # The floor alone misses the target: no writer or reader of this format meets it.
+            reach = bound <= target if sign == ">=" else bound >= target
+            if reach:
+                met = f"bounded: {bound:.2f} at the floor"
         ratios.append([name, f"{value:.2f}", "" if target is None else f"{sign} {target}", met])
     return "\n".join([
         "## Arrow in and out (txstore and Lance)\n",
@@ -1011,7 +1029,10 @@ def arrow_section(report: Report) -> str:
         "dicts and Lance's `write_dataset` of the same table (Arrow conversion before the "
         "timer for both; every total includes an fsync of the files each left); a warm scan "
         "into record batches; `take` of 64 random rows against 64 `snap[i]` and Lance's "
-        "`take`. Medians of the repeats.\n",
+        "`take`. Medians of the repeats. Two floors in the same run: a durable write of the "
+        "table's own buffers (64 MiB files, fsync), and 64 preads of a 64 KiB block of "
+        "txstore's chunks each checked with XXH3 (what reading one row costs in this format, "
+        "whose blocks are 64 KiB); a target the floor itself misses is bounded.\n",
         table(["write (durable)", "s"], writes) + "\n",
         table(["scan, warm", "s"], scans) + "\n",
         table(["64 random rows", "ms"], takes) + "\n",

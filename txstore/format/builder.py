@@ -553,19 +553,22 @@ class ChunkBuilder:
         """``_column_frames`` of large values whose bytes stay unchanged until the chunk is
         stored: a frame's parts are its values' headers and views of their payloads, which
         the chunk's writer copies into the file, the one copy of each value's bytes."""
-        heads, used = column.heads, column.used.tolist()
-        begins, ends = column.spans()
-        sizes = np.diff(column.offsets).tolist()
+        first, last = bounds[0], bounds[-1]
+        begins, ends = column.spans(first, last)
+        heads = column.heads[first:last]
+        used = column.used[first:last].tolist()
+        sizes = np.diff(column.offsets[first : last + 1]).tolist()
         payload = column.payload.data
         frames: list[tuple[tuple[bytes | memoryview, ...], int]] = []
         for i, j in pairwise(bounds):
             head = _ARRAY_HEADERS[j - i]
             parts: list[bytes | memoryview] = [head]
-            for k in range(i, j):
+            for k in range(i - first, j - first):
                 parts += (heads[k, : used[k]].tobytes(), payload[begins[k] : ends[k]])
-            table = struct.pack(f"<{j - i}I", *accumulate(sizes[i : j - 1], initial=len(head)))
+            own = sizes[i - first : j - first]
+            table = struct.pack(f"<{j - i}I", *accumulate(own[:-1], initial=len(head)))
             parts.append(table)
-            frames.append((tuple(parts), len(head) + sum(sizes[i:j]) + len(table)))
+            frames.append((tuple(parts), len(head) + sum(own) + len(table)))
         return frames
 
     def _even_frames(

@@ -103,10 +103,11 @@ class Prefixed(Encoded):
         #: Values of 16 KiB or more on average, which a frame may refer to, not copy.
         self.is_large = n > 0 and int(lengths.sum()) >= _LARGE * n
 
-    def spans(self) -> tuple[list[int], list[int]]:
-        """Where each value's payload starts and ends in ``payload``."""
-        starts = self.starts[: len(self.used)]
-        return starts.tolist(), (starts + self.lengths).tolist()
+    def spans(self, first: int = 0, last: int | None = None) -> tuple[list[int], list[int]]:
+        """Where the payloads of values ``first:last`` start and end in ``payload``."""
+        last = len(self.used) if last is None else last
+        starts = self.starts[first:last]
+        return starts.tolist(), (starts + self.lengths[first:last]).tolist()
 
     @property
     def data(self) -> np.ndarray[Any, Any]:

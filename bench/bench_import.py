@@ -1,8 +1,9 @@
 """Importing a LitData and an MDS dataset against a plain copy of the same files.
 
 The datasets are written once by the tools themselves (``litdata.optimize``,
-``streaming.MDSWriter``, ``pyarrow.parquet`` in 4 files of 250-row groups): samples of an
-int and a random ``bytes`` value (W2: 100 KiB each). Then, round robin in one run: a plain
+``streaming.MDSWriter``, ``pyarrow.parquet`` in 4 files of row groups of about 25 MB):
+samples of an int and a random ``bytes`` value (W2: 100 KiB each; ``--blob 2048``: W1's
+2 KiB, as many samples as make the same 512 MB). Then, round robin in one run: a plain
 copy of the dataset's files (``shutil.copyfile``, which copies in the kernel, then an fsync
 of each file and the folder: a durable copy, as txstore's commits are durable),
 ``txstore.import_litdata`` / ``import_mds`` /
@@ -10,7 +11,7 @@ of each file and the folder: a durable copy, as txstore's commits are durable),
 ``write_dataset`` from the same Parquet files (``pyarrow.dataset``, Lance's defaults). The
 figure is each import's speed as a fraction of the plain copy of its source.
 
-    python bench/bench_import.py [--quick] [--repeat N] [--json out.json]
+    python bench/bench_import.py [--quick] [--repeat N] [--blob BYTES] [--json out.json]
 """
 
 from __future__ import annotations
@@ -33,31 +34,33 @@ from txbench.system import machine_info, print_machine
 
 import txstore
 
-
-def _sample(i: int) -> dict[str, Any]:
-    return {"id": i, "blob": _POOL[i % len(_POOL)]}
+BLOB = 100 * 1024
 
 
-_POOL = [os.urandom(100 * 1024) for _ in range(64)]
+def _sample(i: int, size: int = BLOB) -> dict[str, Any]:
+    return {"id": i, "blob": _POOL[i % len(_POOL)][:size]}
 
 
-def write_litdata(out: Path, n: int) -> None:
+_POOL = [os.urandom(BLOB) for _ in range(64)]
+
+
+def write_litdata(out: Path, n: int, size: int = BLOB) -> None:
     import litdata
 
-    litdata.optimize(fn=_sample, inputs=list(range(n)), output_dir=str(out),
-                     chunk_bytes="64MB", num_workers=1)  # fmt: skip
+    litdata.optimize(fn=functools.partial(_sample, size=size), inputs=list(range(n)),
+                     output_dir=str(out), chunk_bytes="64MB", num_workers=1)  # fmt: skip
 
 
-def write_mds(out: Path, n: int) -> None:
+def write_mds(out: Path, n: int, size: int = BLOB) -> None:
     sys.modules.setdefault("streaming.vision", types.ModuleType("streaming.vision"))
     from streaming import MDSWriter
 
     with MDSWriter(out=str(out), columns={"id": "int", "blob": "bytes"}) as writer:
         for i in range(n):
-            writer.write(_sample(i))
+            writer.write(_sample(i, size))
 
 
-def write_parquet(out: Path, n: int) -> None:
+def write_parquet(out: Path, n: int, size: int = BLOB) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -66,12 +69,12 @@ def write_parquet(out: Path, n: int) -> None:
     per_file = -(-n // files)
     for f in range(files):
         ids = list(range(f * per_file, min(n, (f + 1) * per_file)))
-        blobs = [_sample(i)["blob"] for i in ids]
+        blobs = [_sample(i, size)["blob"] for i in ids]
         table = pa.table({"id": pa.array(ids, pa.int64()), "blob": pa.array(blobs, pa.binary())})
         pq.write_table(
             table,
             out / f"part-{f}.parquet",
-            row_group_size=250,
+            row_group_size=max(1, 25_600_000 // size),  # 250 rows of 100 KiB: ~25 MB groups
             compression="none",
             use_dictionary=False,
         )
@@ -133,9 +136,13 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="1,000 samples (100 MB), 2 rounds")
     parser.add_argument("--repeat", type=int, default=None)
     parser.add_argument("--json", default=None, help="write the results here")
+    parser.add_argument(
+        "--blob", type=int, default=BLOB,
+        help="bytes of each sample's blob (the same 512 MB in all: 2048 for 250,000 samples)",
+    )  # fmt: skip
     args = parser.parse_args()
     started = time.perf_counter()
-    n = 1000 if args.quick else 5000
+    n = (1000 if args.quick else 5000) * BLOB // args.blob
     repeat = args.repeat or (2 if args.quick else 3)
     with tempfile.TemporaryDirectory(prefix="bench-import-") as tmp:
         work = Path(tmp)
@@ -143,9 +150,9 @@ def main() -> None:
         info = machine_info(work, packages)
         print_machine(info)
         sources = {"litdata": work / "litdata", "mds": work / "mds", "parquet": work / "parquet"}
-        write_litdata(sources["litdata"], n)
-        write_mds(sources["mds"], n)
-        write_parquet(sources["parquet"], n)
+        write_litdata(sources["litdata"], n, args.blob)
+        write_mds(sources["mds"], n, args.blob)
+        write_parquet(sources["parquet"], n, args.blob)
         importers: dict[str, Callable[..., Any]] = {
             "litdata": txstore.import_litdata,
             "mds": txstore.import_mds,
@@ -175,6 +182,7 @@ def main() -> None:
         results.append({
             "contender": name,
             "samples": n,
+            "blob_bytes": args.blob,
             "bytes": sizes[kind],
             "best_seconds": best,
             "median_seconds": statistics.median(seconds),

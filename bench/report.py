@@ -1041,28 +1041,36 @@ def arrow_section(report: Report) -> str:
     ])  # fmt: skip
 
 
-def import_section(report: Report) -> str:
+def _size(n: int) -> str:
+    return f"{n // 1024} KiB" if n % 1024 == 0 else f"{n:,} B"
+
+
+def import_section(reports: Sequence[Report]) -> str:
     rows = [
         [
             r["contender"],
+            _size(r.get("blob_bytes", 100 * 1024)),
             f"{r['samples']:,}",
             f"{r['bytes'] / 1e6:,.0f}",
             f"{r['MB_per_s']:,.0f}",
             x(r["vs_plain_copy"]),
         ]
+        for report in reports
         for r in report["results"]
     ]
     return "\n".join([
         "## Importing LitData, MDS and Parquet datasets\n",
-        "`bench_import.py`: samples `{id: int, blob: 100 KiB of random bytes}` written by "
-        "`litdata.optimize`, `streaming.MDSWriter` and `pyarrow.parquet` (4 files, 250-row "
-        "groups, uncompressed), imported into a new uncompressed store. Each is measured "
-        "against a plain durable copy of its source's files (`shutil.copyfile`, a copy in the "
-        "kernel, and fsync) in the same "
+        "`bench_import.py`: samples `{id: int, blob: random bytes}` (100 KiB, and with "
+        "`--blob 2048` 2 KiB: 512 MB of blobs either way) written by "
+        "`litdata.optimize`, `streaming.MDSWriter` and `pyarrow.parquet` (4 files, row "
+        "groups of about 25 MB, uncompressed), imported into a new uncompressed store. "
+        "Each is measured against a plain durable copy of its source's files "
+        "(`shutil.copyfile`, a copy in the kernel, and fsync) in the same "
         "run, best of the repeats; Lance's `write_dataset` from the same Parquet files beside "
         "them.\n",
-        table(["contender", "samples", "source MB", "MB/s", "÷ plain copy"], rows) + "\n",
-        run_line([report]) + "\n",
+        table(["contender", "blob", "samples", "source MB", "MB/s", "÷ plain copy"], rows)
+        + "\n",
+        run_line(list(reports)) + "\n",
     ])  # fmt: skip
 
 
@@ -1605,6 +1613,9 @@ def generate(reports: Sequence[Report], plots: Plots, inputs: Sequence[Path]) ->
     if len(scales) > 1:
         by_kind["scale"], runs = merged_scale(scales)
         used = [r for r in used if kind(r) != "scale"] + runs
+    imports = [r for r in reports if kind(r) == "import"]  # one a blob size
+    if len(imports) > 1:
+        used = [r for r in used if kind(r) != "import"] + imports
     reconciles = [r for r in reports if kind(r) == "reconcile_w2"]
     if len(reconciles) > 1:
         by_kind["reconcile_w2"], runs = merged_reconcile(reconciles)
@@ -1637,8 +1648,8 @@ def generate(reports: Sequence[Report], plots: Plots, inputs: Sequence[Path]) ->
         parts.append(fields_vs_lance_section(by_kind["fields_vs_lance"]))
     if "arrow" in by_kind:
         parts.append(arrow_section(by_kind["arrow"]))
-    if "import" in by_kind:
-        parts.append(import_section(by_kind["import"]))
+    if imports:
+        parts.append(import_section(imports))
     if "remote" in by_kind:
         parts.append(remote_section(by_kind["remote"], plots))
     if "tokens" in by_kind:

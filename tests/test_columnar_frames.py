@@ -130,6 +130,8 @@ def _columns(draw: Any) -> tuple[dict[str, col.Encoded], list[dict[str, Any]]]:
             big = draw(st.booleans())  # 16 KiB or more on average: frames may refer to them
             lengths = rng.integers(16_384 if big else 0, 40_000 if big else 600, n)
             gaps = rng.integers(0, 50, n)
+            if draw(st.booleans()):  # one length, evenly apart (an MDS shard's bytes)
+                lengths, gaps = np.full(n, lengths[0]), np.full(n, gaps[0])
             starts = np.cumsum(gaps) + np.concatenate([[0], np.cumsum(lengths)[:-1]])
             buffer = rng.integers(0, 256, int(starts[-1] + lengths[-1]) + 7, dtype=np.uint8)
             blobs = [buffer[a : a + k].tobytes() for a, k in zip(starts, lengths, strict=True)]
@@ -297,3 +299,19 @@ def test_frames_of_referred_values_are_laid_out_as_the_format_says() -> None:
         assert data[frame.offset : frame.offset + frame.length] == want
         row += m
     assert row == len(blobs)
+
+
+def test_values_of_one_length_evenly_apart_are_copied_from_where_they_lie() -> None:
+    # An MDS shard's bytes column: each value between the sample's other bytes, a fixed step
+    # apart. Such values are copied straight from the shard into frames, with no join first.
+    rng = np.random.default_rng(3)
+    n, length, step = 300, 2048, 2048 + 13
+    buffer = rng.integers(0, 256, n * step + 5, dtype=np.uint8)
+    starts = 5 + np.arange(n, dtype=np.int64) * step
+    column = col.encode_scattered(buffer, starts, np.full(n, length), text=False)
+    assert isinstance(column, col.Prefixed) and column.uniform is not None
+    want = [buffer[a : a + length].tobytes() for a in starts]
+    batch = col.ColumnBatch(("b",), (column,), n)
+    data, calls = _build(batch, 65_536, [100_000, 7_000], None)
+    _check_blocks(data, batch, 65_536, calls)
+    assert [row["b"] for row in _samples(data)] == want

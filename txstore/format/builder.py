@@ -522,12 +522,11 @@ class ChunkBuilder:
             return self._referenced_frames(column, bounds)
         if isinstance(column, Prefixed) and column.uniform is not None:
             head, length = column.uniform
-            rows = column.payload[int(column.starts[0]) :]
-            return self._even_frames(rows, length, head, bounds)
+            return self._even_frames(column.value_rows(), length, head, bounds)
         width = column.even_size
         if width is not None:
-            rows = column.data[int(column.offsets[0]) :]
-            return self._even_frames(rows, width, b"", bounds)
+            data = column.data[int(column.offsets[0]) : int(column.offsets[-1])]
+            return self._even_frames(data.reshape(-1, width), width, b"", bounds)
         offsets, data = column.offsets, column.data.data
         spans = np.asarray(bounds, dtype=np.int64)
         sizes = np.diff(spans)
@@ -574,10 +573,10 @@ class ChunkBuilder:
     def _even_frames(
         self, rows: np.ndarray[Any, Any], length: int, head: bytes, bounds: list[int]
     ) -> list[tuple[tuple[bytes | memoryview, ...], int]]:
-        """``_column_frames`` of values that each take ``head`` and then ``length`` bytes of
-        ``rows``: every frame made whole by copying its values' bytes straight into it, those
-        of blocks of as many rows together (not the values joined first and then copied
-        again into frames)."""
+        """``_column_frames`` of values that each take ``head`` and then a row of ``rows``
+        (``length`` bytes; rows may lie apart, a view of a source's file): every frame made
+        whole by copying its values' bytes straight into it, those of blocks of as many rows
+        together (not the values joined first and then copied again into frames)."""
         width = len(head) + length
         frames: list[tuple[tuple[bytes | memoryview, ...], int]] = []
         k, last = 0, len(bounds) - 1
@@ -592,13 +591,11 @@ class ChunkBuilder:
             size = body_end + 4 * n
             out = np.empty((run, size), dtype=np.uint8)
             out[:, :h] = np.frombuffer(array_head, dtype=np.uint8)
-            values = rows[i * length : (i + run * n) * length].reshape(run, n, length)
+            values = rows[i : i + run * n].reshape(run, n, length)
+            body = out[:, h:body_end].reshape(run, n, width)
             if head:
-                body = out[:, h:body_end].reshape(run, n, width)
                 body[:, :, : len(head)] = np.frombuffer(head, dtype=np.uint8)
-                body[:, :, len(head) :] = values
-            else:
-                out[:, h:body_end] = values.reshape(run, n * length)
+            body[:, :, len(head) :] = values
             out[:, body_end:] = self._uniform_table(h, width, n)
             view = out.reshape(-1).data
             frames += [((view[q : q + size],), size) for q in range(0, run * size, size)]

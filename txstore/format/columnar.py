@@ -93,15 +93,29 @@ class Prefixed(Encoded):
         super().__init__(np.empty(0, dtype=_U8), offsets)
         self.heads, self.used, self.payload, self.starts = heads, used, payload, starts
         self.lengths = lengths
-        #: (the header every value has, the payload length every value has), or None.
+        #: (the header every value has, the payload length every value has), or None:
+        #: values of one length that lie evenly in ``payload`` (``value_rows``).
         self.uniform: tuple[bytes, int] | None = None
-        if n and not scattered and (lengths == lengths[0]).all() and (used == used[0]).all():
+        if n and (lengths == lengths[0]).all() and (used == used[0]).all():
             h = int(used[0])
-            if (heads[:, :h] == heads[0, :h]).all():
+            even = not scattered or n == 1 or bool((np.diff(starts) == starts[1] - starts[0]).all())
+            if even and (heads[:, :h] == heads[0, :h]).all():
                 self.uniform = (heads[0, :h].tobytes(), int(lengths[0]))
         self._ready = False
         #: Values of 16 KiB or more on average, which a frame may refer to, not copy.
         self.is_large = n > 0 and int(lengths.sum()) >= _LARGE * n
+
+    def value_rows(self) -> np.ndarray[Any, Any]:
+        """The payloads of ``uniform`` values as a row each: a view of ``payload``."""
+        assert self.uniform is not None
+        n, length = len(self.used), self.uniform[1]
+        first = int(self.starts[0])
+        if len(self.starts) == n + 1:
+            return self.payload[first : first + n * length].reshape(n, length)
+        step = int(self.starts[1] - self.starts[0]) if n > 1 else length
+        return np.lib.stride_tricks.as_strided(
+            self.payload[first:], shape=(n, length), strides=(step, 1), writeable=False
+        )
 
     def spans(self, first: int = 0, last: int | None = None) -> tuple[list[int], list[int]]:
         """Where the payloads of values ``first:last`` start and end in ``payload``."""

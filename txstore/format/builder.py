@@ -525,8 +525,8 @@ class ChunkBuilder:
             return self._even_frames(column.value_rows(), length, head, bounds)
         width = column.even_size
         if width is not None:
-            data = column.data[int(column.offsets[0]) : int(column.offsets[-1])]
-            return self._even_frames(data.reshape(-1, width), width, b"", bounds)
+            rows = column.data[int(column.offsets[0]) : int(column.offsets[-1])]
+            return self._even_frames(rows.reshape(-1, width), width, b"", bounds)
         offsets, data = column.offsets, column.data.data
         spans = np.asarray(bounds, dtype=np.int64)
         sizes = np.diff(spans)

@@ -1041,6 +1041,41 @@ def arrow_section(report: Report) -> str:
     ])  # fmt: skip
 
 
+def ray_section(report: Report) -> str:
+    n = report["rows"]
+    rows = [
+        [way, name, f"{seconds:.2f}", f"{n / seconds:,.0f}"]
+        for way, times in (("write", report["write_s"]), ("read", report["read_s"]))
+        for name, seconds in times.items()
+    ]
+    given = report["ratios"]
+    verdicts = []
+    for way in ("write", "read"):
+        value = given[f"{way} rows/s, txstore / rows"]
+        best = given[f"{way} rows/s, floor / rows"]
+        if value >= 3:
+            verdict = "met"
+        elif best < 3:
+            verdict = f"bounded: {best:.2f} at the floor"
+        else:
+            verdict = "not met"
+        verdicts.append([way, f"{value:.2f}", f"{best:.2f}", ">= 3", verdict])
+    return "\n".join([
+        "## Ray Data: the datasink and datasource\n",
+        f"`bench_ray.py`, {report.get('workload', 'W1')} ({n:,} rows of Arrow blocks, "
+        f"{report.get('blocks', 16)} blocks), a local Ray with 2 CPUs: txstore's "
+        "`TxstoreDatasink` (a commit, chunks fsynced) and `TxstoreDatasource` (every batch "
+        "consumed) against the row-by-row faces they replaced (`rows`, txstore `c262782`, "
+        "kept in the script), medians of the repeats. Floors in the same run: `ray alone` "
+        "(a sink that only takes its blocks, a source that makes blocks of the same size "
+        "without reading) and `disk alone` (the blocks' bytes written and fsynced, no Ray); "
+        "a write takes at least the longer of the two, a read at least Ray's.\n",
+        table(["way", "face", "s", "rows/s"], rows) + "\n",
+        table(["way", "txstore ÷ rows", "floor ÷ rows", "target", ""], verdicts) + "\n",
+        run_line([report]) + "\n",
+    ])  # fmt: skip
+
+
 def _size(n: int) -> str:
     return f"{n // 1024} KiB" if n % 1024 == 0 else f"{n:,} B"
 
@@ -1650,6 +1685,8 @@ def generate(reports: Sequence[Report], plots: Plots, inputs: Sequence[Path]) ->
         parts.append(arrow_section(by_kind["arrow"]))
     if imports:
         parts.append(import_section(imports))
+    if "ray" in by_kind:
+        parts.append(ray_section(by_kind["ray"]))
     if "remote" in by_kind:
         parts.append(remote_section(by_kind["remote"], plots))
     if "tokens" in by_kind:

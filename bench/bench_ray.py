@@ -1,0 +1,305 @@
+"""Ray Data both ways: txstore's datasink and datasource against the row-by-row ones they
+replaced, on a local Ray, in the same run.
+
+W1 (``{"id": int, "tokens": 2 KiB bytes}``) as a Ray dataset of Arrow blocks (made before
+the timer) is written with ``write_datasink`` into a new store, one commit, chunks fsynced
+as every txstore write is; the store is then read back with ``read_datasource`` and every
+batch consumed (``iter_batches(batch_format="pyarrow")``). Each way is timed for:
+
+- ``txstore``: ``txstore.ray.TxstoreDatasink`` / ``TxstoreDatasource`` (blocks in a column
+  at a time, one Arrow block per chunk out);
+- ``rows``: the same faces as they were before (txstore ``c262782``, kept below): a write
+  task appends each block's rows as dicts, a read task builds each block from the chunk's
+  samples as dicts.
+
+- floors: ``ray alone``, a sink that only takes its blocks and a source whose tasks make
+  blocks of as many rows and bytes without reading anything; ``disk alone``, the table's
+  Arrow buffers written to files and fsynced, outside Ray. A write takes at least the
+  longer of Ray's and the disk's time, a read at least Ray's: the most any face could
+  reach here.
+
+The figure is rows/s, and txstore's as a multiple of the row-by-row faces' (target: at
+least 3x both ways), with the floor's beside it. Ray runs locally with 2 CPUs
+(``ray.init(num_cpus=2)``); every face gets the same blocks and the same parallelism.
+
+    .tox/py/bin/python bench/bench_ray.py [--quick] [--repeat N] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from txbench.output import finish_report, new_report
+from txbench.system import default_workdir, machine_info, print_machine
+from txbench.workloads import WORKLOADS, make_samples, scaled
+
+import txstore
+
+# -- the row-by-row faces, as txstore had them before blocks went in and out as Arrow -------
+
+
+def _row_faces() -> tuple[type, type]:
+    from ray.data import Datasink, Datasource, ReadTask
+    from ray.data.block import Block, BlockAccessor, BlockMetadata, BlockType
+
+    from txstore.storage import open_storage
+    from txstore.store.core import open_or_create
+    from txstore.store.snapshot import ChunkReader
+    from txstore.store.staging import StagedPart, StagedWriter, TransactionHandle
+
+    def plain(value: Any) -> Any:
+        item = getattr(value, "item", None)
+        if item is not None and getattr(value, "ndim", None) == 0:
+            return item()
+        return value
+
+    def rows_of(blocks: Iterable[Block]) -> Iterator[dict[str, Any]]:
+        for block in blocks:
+            for row in BlockAccessor.for_block(block).iter_rows(public_row_format=True):
+                yield {key: plain(value) for key, value in row.items()}
+
+    def block_of(samples: Iterable[dict[str, Any]]) -> Block:
+        rows = list(samples)
+        keys = list(dict.fromkeys(k for row in rows for k in row))
+        columns = {k: [row.get(k) for row in rows] for k in keys}
+        return BlockAccessor.batch_to_block(columns, block_type=BlockType.ARROW)
+
+    class RowsDatasink(Datasink[str]):  # type: ignore[misc]
+        def __init__(self, uri: str) -> None:
+            store = open_or_create(uri)
+            self._txn = store.transaction()
+            self._handle = self._txn.handle.to_json()
+
+        def __getstate__(self) -> dict[str, Any]:
+            return {**self.__dict__, "_txn": None}
+
+        def write(self, blocks: Iterable[Block], ctx: Any) -> str:
+            writer = StagedWriter(TransactionHandle.from_json(self._handle))
+            writer.write(rows_of(blocks))
+            result: str = writer.finish().to_json().decode()
+            return result
+
+        def on_write_complete(self, write_result: Any) -> None:
+            for part in write_result.write_returns:
+                self._txn.add(StagedPart.from_json(part))
+            self._txn.commit()
+
+    class RowsDatasource(Datasource):  # type: ignore[misc]
+        def __init__(self, snapshot: Any) -> None:
+            super().__init__()
+            self._snapshot = snapshot
+
+        def estimate_inmemory_data_size(self) -> int:
+            return sum(c.size for c in self._snapshot.chunk_refs())
+
+        def get_read_tasks(self, parallelism: int, **_: Any) -> list[Any]:
+            chunks = self._snapshot.chunk_refs()
+            groups = max(1, min(parallelism, len(chunks)))
+            uri, version = self._snapshot.storage.uri, self._snapshot.version
+            tasks = []
+            for g in range(groups):
+                mine = chunks[g * len(chunks) // groups : (g + 1) * len(chunks) // groups]
+
+                def read(mine: list[Any] = mine) -> Iterator[Block]:
+                    reader = ChunkReader(open_storage(uri))
+                    for chunk in mine:
+                        fetched = reader.fetch(chunk, version, None)
+                        yield block_of(reader.samples(fetched, chunk, version))
+
+                meta = BlockMetadata(
+                    num_rows=sum(c.num_samples for c in mine),
+                    size_bytes=sum(c.size for c in mine),
+                    input_files=None,
+                    exec_stats=None,
+                )
+                tasks.append(ReadTask(read, meta))
+            return tasks
+
+    return RowsDatasink, RowsDatasource
+
+
+def _floor_faces(payload: int) -> tuple[type, type]:
+    """What Ray itself costs: a sink that writes its blocks' bytes durably and nothing else,
+    and a source whose tasks yield blocks of as many rows and bytes, made without reading
+    anything."""
+    import numpy as np
+    import pyarrow as pa
+    from ray.data import Datasink, Datasource, ReadTask
+    from ray.data.block import Block, BlockAccessor, BlockMetadata
+
+    class NullDatasink(Datasink[int]):  # type: ignore[misc]
+        """Takes its blocks and counts their rows: nothing is stored."""
+
+        def write(self, blocks: Iterable[Block], ctx: Any) -> int:
+            return sum(BlockAccessor.for_block(b).num_rows() for b in blocks)
+
+    class ZeroDatasource(Datasource):  # type: ignore[misc]
+        def __init__(self, counts: list[int]) -> None:
+            super().__init__()
+            self._counts = counts
+
+        def estimate_inmemory_data_size(self) -> int:
+            return sum(self._counts) * payload
+
+        def get_read_tasks(self, parallelism: int, **_: Any) -> list[Any]:
+            counts = self._counts
+            groups = max(1, min(parallelism, len(counts)))
+            tasks = []
+            for g in range(groups):
+                mine = counts[g * len(counts) // groups : (g + 1) * len(counts) // groups]
+
+                def read(mine: list[int] = mine) -> Iterator[Block]:
+                    for rows in mine:
+                        offsets = np.arange(rows + 1, dtype=np.int32) * payload
+                        data = pa.allocate_buffer(rows * payload)
+                        tokens = pa.Array.from_buffers(
+                            pa.binary(), rows, [None, pa.py_buffer(offsets), data]
+                        )
+                        yield pa.table({"id": np.arange(rows), "tokens": tokens})
+
+                meta = BlockMetadata(
+                    num_rows=sum(mine), size_bytes=sum(mine) * payload, input_files=None,
+                    exec_stats=None,
+                )  # fmt: skip
+                tasks.append(ReadTask(read, meta))
+            return tasks
+
+    return NullDatasink, ZeroDatasource
+
+
+# -- the run -------------------------------------------------------------------------------
+
+
+def _durable_write(table: Any, out: Path) -> None:
+    """The table's Arrow buffers as they are, in files of 64 MiB written in 1 MiB calls,
+    each fsynced: what storing these bytes costs this disk, with no Ray."""
+    out.mkdir()
+    piece, step = 64 << 20, 1 << 20
+    views = [memoryview(b) for c in table.columns for a in c.chunks for b in a.buffers() if b]
+    fd, number, written = -1, 0, piece
+    for view in views:
+        for at in range(0, len(view), step):
+            if written >= piece:
+                if fd >= 0:
+                    os.fsync(fd)
+                    os.close(fd)
+                fd = os.open(out / f"{number}.bin", os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+                number, written = number + 1, 0
+            written += os.write(fd, view[at : at + step])
+    os.fsync(fd)
+    os.close(fd)
+
+
+def _consume(ds: Any) -> int:
+    return sum(b.num_rows for b in ds.iter_batches(batch_format="pyarrow", batch_size=None))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="10x fewer samples, 1 repeat")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--blocks", type=int, default=16, help="blocks of the Ray dataset")
+    parser.add_argument("--workdir", type=Path, default=default_workdir())
+    parser.add_argument("--json", default=None, help="write the results here")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    import pyarrow as pa
+    import ray
+
+    from txstore.interop.ray import TxstoreDatasink, TxstoreDatasource
+
+    repeat = 1 if args.quick else args.repeat
+    workload = scaled(WORKLOADS[0], args.quick)
+    info = machine_info(args.workdir, packages=("txstore", "ray", "pyarrow"))
+    print_machine(info)
+    print(workload.describe())
+    samples = make_samples(workload)
+    table = pa.table({"id": [s["id"] for s in samples], "tokens": [s["tokens"] for s in samples]})
+    del samples
+    rows_sink, rows_source = _row_faces()
+    null_sink, zero_source = _floor_faces(workload.payload_size)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        ds = ray.data.from_arrow(table).repartition(args.blocks).materialize()
+        base = Path(tempfile.mkdtemp(prefix="bench-ray-", dir=args.workdir))
+        sinks: dict[str, Callable[[str], Any]] = {
+            "txstore": lambda uri: TxstoreDatasink(uri),
+            "rows": lambda uri: rows_sink(uri),
+            "ray alone": lambda uri: null_sink(),
+        }
+        sources: dict[str, Callable[[Any], Any]] = {
+            "txstore": lambda snap: TxstoreDatasource(snap),
+            "rows": lambda snap: rows_source(snap),
+            "ray alone": lambda snap: zero_source([c.num_samples for c in snap.chunk_refs()]),
+        }
+        writes: dict[str, list[float]] = {k: [] for k in sinks}
+        disk: list[float] = []
+        reads: dict[str, list[float]] = {k: [] for k in sources}
+        for turn in range(repeat):
+            order = list(sinks) if turn % 2 == 0 else list(reversed(sinks))
+            for name in order:
+                out = base / f"{name}-{turn}"
+                start = time.perf_counter()
+                ds.write_datasink(sinks[name](str(out)))
+                writes[name].append(time.perf_counter() - start)
+                if name != "ray alone":
+                    snap = txstore.open(str(out)).snapshot()
+                    assert len(snap) == workload.num_samples, (name, len(snap))
+                print(f"  write {name:8} {writes[name][-1]:7.2f} s")
+            for name in order:
+                snap = txstore.open(str(base / f"txstore-{turn}")).snapshot()
+                start = time.perf_counter()
+                got = _consume(ray.data.read_datasource(sources[name](snap)))
+                reads[name].append(time.perf_counter() - start)
+                assert got == workload.num_samples, (name, got)
+                print(f"  read  {name:8} {reads[name][-1]:7.2f} s")
+            for name in ("txstore", "rows"):
+                shutil.rmtree(base / f"{name}-{turn}")
+            out = base / f"disk-{turn}"
+            start = time.perf_counter()
+            _durable_write(table, out)
+            disk.append(time.perf_counter() - start)
+            shutil.rmtree(out)
+        shutil.rmtree(base)
+    finally:
+        ray.shutdown()
+    n = workload.num_samples
+    write_s = {k: statistics.median(v) for k, v in writes.items()}
+    read_s = {k: statistics.median(v) for k, v in reads.items()}
+    write_s["disk alone"] = statistics.median(disk)
+    # The most a face could reach: a write takes at least as long as Ray takes to hand the
+    # blocks over and as the disk takes to store their bytes; a read as Ray takes to bring
+    # blocks of that size to the driver.
+    floor_write = max(write_s["ray alone"], write_s["disk alone"])
+    ratios = {
+        "write rows/s, txstore / rows": write_s["rows"] / write_s["txstore"],
+        "read rows/s, txstore / rows": read_s["rows"] / read_s["txstore"],
+        "write rows/s, floor / rows": write_s["rows"] / floor_write,
+        "read rows/s, floor / rows": read_s["rows"] / read_s["ray alone"],
+    }
+    print("\nrows/s (median):")
+    for way, times in (("write", write_s), ("read", read_s)):
+        for name, seconds in times.items():
+            print(f"  {way:5} {name:8} {n / seconds:12,.0f} rows/s")
+    for name, value in ratios.items():
+        met = "met" if value >= 3 else "NOT MET"
+        verdict = "" if "floor" in name else f"  (target >= 3: {met})"
+        print(f"  {name:34} {value:6.2f}{verdict}")
+    report = new_report(
+        "bench_ray", info, args.quick, workload=workload.name, repeat=repeat, rows=n,
+        blocks=args.blocks, write_s=write_s, read_s=read_s, write_repeats=writes,
+        read_repeats=reads, ratios=ratios, cpus=os.cpu_count(),
+    )  # fmt: skip
+    finish_report(report, Path(args.json) if args.json else None, started)
+
+
+if __name__ == "__main__":
+    main()

@@ -63,7 +63,8 @@ def _row_faces() -> tuple[type, type]:
 
     def rows_of(blocks: Iterable[Block]) -> Iterator[dict[str, Any]]:
         for block in blocks:
-            for row in BlockAccessor.for_block(block).iter_rows(public_row_format=True):
+            rows: Iterable[Any] = BlockAccessor.for_block(block).iter_rows(public_row_format=True)
+            for row in rows:
                 yield {key: plain(value) for key, value in row.items()}
 
     def block_of(samples: Iterable[dict[str, Any]]) -> Block:
@@ -72,7 +73,7 @@ def _row_faces() -> tuple[type, type]:
         columns = {k: [row.get(k) for row in rows] for k in keys}
         return BlockAccessor.batch_to_block(columns, block_type=BlockType.ARROW)
 
-    class RowsDatasink(Datasink[str]):  # type: ignore[misc]
+    class RowsDatasink(Datasink[str]):
         def __init__(self, uri: str) -> None:
             store = open_or_create(uri)
             self._txn = store.transaction()
@@ -92,15 +93,17 @@ def _row_faces() -> tuple[type, type]:
                 self._txn.add(StagedPart.from_json(part))
             self._txn.commit()
 
-    class RowsDatasource(Datasource):  # type: ignore[misc]
+    class RowsDatasource(Datasource):
         def __init__(self, snapshot: Any) -> None:
-            super().__init__()
+            super().__init__()  # type: ignore[no-untyped-call]
             self._snapshot = snapshot
 
         def estimate_inmemory_data_size(self) -> int:
             return sum(c.size for c in self._snapshot.chunk_refs())
 
-        def get_read_tasks(self, parallelism: int, **_: Any) -> list[Any]:
+        def get_read_tasks(
+            self, parallelism: int, per_task_row_limit: int | None = None, data_context: Any = None
+        ) -> list[ReadTask]:
             chunks = self._snapshot.chunk_refs()
             groups = max(1, min(parallelism, len(chunks)))
             uri, version = self._snapshot.storage.uri, self._snapshot.version
@@ -135,21 +138,23 @@ def _floor_faces(payload: int) -> tuple[type, type]:
     from ray.data import Datasink, Datasource, ReadTask
     from ray.data.block import Block, BlockAccessor, BlockMetadata
 
-    class NullDatasink(Datasink[int]):  # type: ignore[misc]
+    class NullDatasink(Datasink[int]):
         """Takes its blocks and counts their rows: nothing is stored."""
 
         def write(self, blocks: Iterable[Block], ctx: Any) -> int:
             return sum(BlockAccessor.for_block(b).num_rows() for b in blocks)
 
-    class ZeroDatasource(Datasource):  # type: ignore[misc]
+    class ZeroDatasource(Datasource):
         def __init__(self, counts: list[int]) -> None:
-            super().__init__()
+            super().__init__()  # type: ignore[no-untyped-call]
             self._counts = counts
 
         def estimate_inmemory_data_size(self) -> int:
             return sum(self._counts) * payload
 
-        def get_read_tasks(self, parallelism: int, **_: Any) -> list[Any]:
+        def get_read_tasks(
+            self, parallelism: int, per_task_row_limit: int | None = None, data_context: Any = None
+        ) -> list[ReadTask]:
             counts = self._counts
             groups = max(1, min(parallelism, len(counts)))
             tasks = []

@@ -516,3 +516,22 @@ def test_ints_and_floats_of_one_width_read_back_as_int64_and_float64(tmp_path: P
         else:
             assert got.type == (pa.float64() if name[0] == "f" else pa.int64()), name
         assert got.to_pylist() == [v.item() for v in values], name
+
+
+def test_row_batches_read_back_as_the_rows_of_many_small_record_batches() -> None:
+    # LitData's Arrow rows come in record batches of 256: joined into one column batch before
+    # they are encoded, they must still give every row, in order, as to_pylist does.
+    from txstore.format import arrow, columnar
+
+    rows = [{"id": i, "text": f"t{i} ✓", "blob": bytes([i % 251]) * (i % 9)} for i in range(1000)]
+    table = pa.Table.from_pylist(rows)
+    table = pa.Table.from_batches(table.to_batches(max_chunksize=256))
+    assert len(table.to_batches()) == 4
+    batches = arrow.row_batches(table)
+    assert batches is not None and len(batches) == 1  # joined
+    got = [
+        dict(zip(b.names, values, strict=True))
+        for b in batches
+        for values in zip(*(columnar.decoded(c) for c in b.columns), strict=True)
+    ]
+    assert got == table.to_pylist() == rows

@@ -790,7 +790,17 @@ def row_batches(table: pa.Table) -> list[ColumnBatch] | None:
     would be; None when a column's type does not read back so (or there are none)."""
     if table.num_columns == 0 or not all(_as_rows(f.type) for f in table.schema):
         return None
+    parts = len(table.to_batches())
+    if parts > 1 and table.nbytes < min(_SMALL_BATCH * parts, 1 << 30):
+        # Record batches of a few hundred small rows (LitData's): one copy into a batch of
+        # the whole table costs less than a column batch each.
+        table = table.combine_chunks()
     return list(batches(table))
+
+
+#: Record batches smaller than this on average are joined before they are encoded (into
+#: one of at most 1 GiB: a binary column's offsets are 32-bit).
+_SMALL_BATCH = 4 << 20
 
 
 def parquet_bytes(table: Any) -> bytes:

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -160,9 +161,11 @@ def test_an_input_whose_table_cannot_be_stored_is_an_encode_error_naming_it(
 def test_chunks_are_at_least_half_full_whatever_the_workers(
     tmp_path: Path, workers: int, count: int
 ) -> None:
-    """Each worker's last chunk is re-packed with the others' when it is less than half full
-    (2,000 samples: every share ends in a tail under half a chunk), kept as written when it
-    is fuller (2,800 on 2 workers: two tails of 0.54 chunk)."""
+    """Adjacent chunks less than half full are re-packed into full ones, and samples keep
+    the inputs' order whatever the number of workers (2,000 samples: every share ends in a
+    tail under half a chunk; a tail before the next worker's full chunks stays, a re-pack
+    there would move its samples past them); a fuller tail is kept as written (2,800 on 2
+    workers: two tails of 0.54 chunk)."""
     limit = 64 * 1024
     optimize(
         lambda i: {"id": i, "pad": os.urandom(1000)},
@@ -175,11 +178,38 @@ def test_chunks_are_at_least_half_full_whatever_the_workers(
     )
     store = txstore.open(str(tmp_path / "s"))
     sizes = [c.size for c in store.snapshot().chunks()]
-    assert all(s >= limit // 2 for s in sizes[:-1]), sizes  # only the very last may be less
+    halves = [s < limit // 2 for s in sizes]
+    assert not any(a and b for a, b in pairwise(halves)), sizes  # no two small in a row
+    assert sum(halves) <= workers, sizes  # at most a tail a worker
     assert len(sizes) <= count * 1010 // limit + workers
     if (count, workers) == (2800, 2):
         assert sum(s < limit for s in sizes) == 2, sizes  # both tails kept, none rewritten
-    assert _ids(store) == list(range(count))
+    assert [s["id"] for s in store.snapshot()] == list(range(count))  # in order
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_workers_of_less_than_a_chunk_each_are_re_packed_in_order(
+    tmp_path: Path, workers: int
+) -> None:
+    """Shares smaller than half a chunk: every worker's one chunk is a tail, all adjacent,
+    re-packed into full chunks in the inputs' order."""
+    limit = 64 * 1024
+    count = 30 * workers  # about 30 KB a worker
+    optimize(
+        lambda i: {"id": i, "pad": os.urandom(1000)},
+        range(count),
+        str(tmp_path / "s"),
+        num_workers=workers,
+        chunk_bytes=limit,
+        compression=None,
+        progress=False,
+    )
+    snap = txstore.open(str(tmp_path / "s")).snapshot()
+    sizes = [c.size for c in snap.chunks()]
+    assert len(sizes) == -(-count * 1010 // limit), sizes  # as few as the bytes need
+    assert [s["id"] for s in snap] == list(range(count))
+    left = {p.name for p in (tmp_path / "s" / "chunks").iterdir()}
+    assert left == {c.path.removeprefix("chunks/") for c in snap.chunk_refs()}  # tails gone
 
 
 WRITER = """

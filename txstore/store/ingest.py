@@ -2,9 +2,10 @@
 
 Each worker process takes a contiguous share of the inputs and writes full chunks for a staged
 transaction; the partly filled chunk each worker ends with is handed back, and the parent
-re-packs those of them less than half full into full chunks, so every chunk but the last is at
-least half full whatever the number of workers (re-packing fuller ones would rewrite up to a
-chunk per worker, a fifth of a 2-worker import of 500 MB, to save one chunk). Nothing is
+re-packs adjacent ones less than half full (workers of less than a chunk each) into full
+chunks. Samples keep the inputs' order, so a tail is never moved past the next worker's
+chunks: a worker's tail before another's full chunks stays as written (``compact`` merges
+such chunks later; re-packing fuller ones would rewrite up to a chunk per worker). Nothing is
 visible until the single commit at the end, and a new store is made only then; if ``fn`` fails
 on an input, the error names it, every chunk written is deleted and nothing is committed.
 """
@@ -34,6 +35,7 @@ from ..format.manifest import (
     DEFAULT_BLOCK_BYTES,
     DEFAULT_CHUNK_BYTES,
     DEFAULT_COMPRESSION_LEVEL,
+    ChunkRef,
     StoreConfig,
 )
 from ..format.units import parse_size
@@ -307,40 +309,72 @@ def _shares(n: int, workers: int) -> list[tuple[int, int]]:
 def _repack_tails(
     storage: Storage, handle: TransactionHandle, parts: list[StagedPart], own: list[StagedPart]
 ) -> list[StagedPart]:
-    """Move each part's last chunk, when it is less than half full, into full chunks written
-    here (a part added to ``own``)."""
+    """The parts with each run of two or more adjacent chunks less than half full (workers'
+    tails, and a worker's only chunk between them) rewritten into full chunks in its place
+    (parts written here are added to ``own``). Samples keep their order: a tail is merged
+    only with its neighbours, never moved past another worker's chunks."""
     limit = handle.config.chunk_bytes
-    tails = [p.chunks[-1] for p in parts if p.chunks and p.chunks[-1].size < limit // 2]
-    if len(tails) < 2:
+    flat = [(k, c) for k, p in enumerate(parts) for c in p.chunks]
+    small = [c.size < limit // 2 for _, c in flat]
+    runs: dict[int, int] = {}  # where a run starts in ``flat``: where it stops
+    i = 0
+    while i < len(flat):
+        j = i
+        while j < len(flat) and small[j]:
+            j += 1
+        if j - i >= 2:
+            runs[i] = j
+        i = max(j, i + 1)
+    if not runs:
         return parts
-    tail_paths = {c.path for c in tails}
     reader = ChunkReader(storage)
 
-    def tail_samples() -> Iterator[dict[str, Any]]:
-        for chunk in tails:
+    def samples_of(chunks: list[ChunkRef]) -> Iterator[dict[str, Any]]:
+        for chunk in chunks:
             fetched = reader.fetch(chunk, -1, None)
             yield from reader.samples(fetched, chunk, -1)
 
-    writer = StagedWriter(handle)
-    try:
-        writer.write(tail_samples())
-        packed = writer.finish()
-    except BaseException:
-        writer.abort()
-        raise
-    own.append(packed)
-    for path in tail_paths:
-        storage.delete(path)
-    trimmed = [
-        StagedPart(
-            staging_id=p.staging_id,
-            chunks=tuple(c for c in p.chunks if c.path not in tail_paths),
-            num_samples=p.num_samples
-            - sum(c.num_samples for c in p.chunks if c.path in tail_paths),
-        )
-        for p in parts
-    ]
-    return [*trimmed, packed]
+    out: list[StagedPart] = []
+    kept: list[ChunkRef] = []  # chunks of one worker's part, in a row, not rewritten
+
+    def keep_run(k: int) -> None:
+        if kept:
+            out.append(
+                StagedPart(
+                    staging_id=parts[k].staging_id,
+                    chunks=tuple(kept),
+                    num_samples=sum(c.num_samples for c in kept),
+                )
+            )
+            kept.clear()
+
+    i, owner = 0, 0
+    while i < len(flat):
+        k, chunk = flat[i]
+        if k != owner:
+            keep_run(owner)
+            owner = k
+        if i not in runs:
+            kept.append(chunk)
+            i += 1
+            continue
+        keep_run(owner)
+        chunks = [c for _, c in flat[i : runs[i]]]
+        writer = StagedWriter(handle)
+        try:
+            writer.write(samples_of(chunks))
+            packed = writer.finish()
+        except BaseException:
+            writer.abort()
+            raise
+        own.append(packed)
+        out.append(packed)
+        for c in chunks:
+            storage.delete(c.path)
+        i = runs[i]
+        owner = flat[i - 1][0]
+    keep_run(owner)
+    return out
 
 
 def optimize(

@@ -735,7 +735,7 @@ def _parquet_fragment(file: Any, where: str) -> Any:
 
     try:
         if isinstance(file, str):
-            local = arrow_fs.LocalFileSystem()
+            local = arrow_fs.LocalFileSystem(use_mmap=True)
             fragment = ds.ParquetFileFormat().make_fragment(file, filesystem=local)
         else:
             fragment = ds.ParquetFileFormat().make_fragment(pa.PythonFile(file, mode="r"))

@@ -754,6 +754,14 @@ def test_an_mds_sample_longer_than_its_columns_is_corrupt():
     assert peer_mds.shard_batch(shard, shard_bytes(size + b"abzz"), "x") is None
     with pytest.raises(txstore.CorruptError, match="sample 0 has 2 bytes after its columns"):
         list(peer_mds.shard_samples(shard, shard_bytes(size + b"abzz"), "x"))
+    # An int column whose bytes run past the sample (and the file): left to shard_samples,
+    # which names it, never read past the end.
+    ints = {**shard, "column_names": ["a", "n"], "column_encodings": ["bytes", "int"],
+            "column_sizes": [None, 8]}  # fmt: skip
+    short = shard_bytes((3).to_bytes(4, "little") + b"abc" + b"\x01\x02")
+    assert peer_mds.shard_batch(ints, short, "x") is None
+    with pytest.raises(txstore.CorruptError, match=r"sample 0, column 'n' runs past"):
+        list(peer_mds.shard_samples(ints, short, "x"))
     text = {**shard, "column_encodings": ["str"]}
     assert peer_mds.shard_batch(text, shard_bytes(size + b"\xc3("), "x") is None
     with pytest.raises(txstore.CorruptError, match=r"sample 0, column 'a'.*utf-8"):

@@ -360,7 +360,7 @@ def shard_batch(shard: dict[str, Any], data: bytes | memoryview, where: str) -> 
     offsets = np.frombuffer(view, dtype="<u4", count=n + 1, offset=4).astype(np.int64)
     begins, ends = offsets[:-1], offsets[1:]
     head = 4 * sum(variable)
-    if int(ends.max()) > len(view) or bool(np.any(ends - begins < head)):
+    if int(offsets.max()) > len(view) or bool(np.any(ends - begins < head)):
         return None
     sizes = (
         buf[begins[:, None] + np.arange(head)].view("<u4").astype(np.int64)
@@ -371,6 +371,8 @@ def shard_batch(shard: dict[str, Any], data: bytes | memoryview, where: str) -> 
     columns = []
     for encoding, var in zip(encodings, variable, strict=True):
         if not var:
+            if bool(np.any(at + 8 > ends)):
+                return None
             ints = buf[at[:, None] + np.arange(8)].view("<i8").reshape(n)
             columns.append(columnar.encode_ints(ints))
             at = at + 8

@@ -35,7 +35,13 @@ from typing import Any
 
 import numpy as np
 from txbench.output import finish_report, new_report
-from txbench.system import default_workdir, fsync_tree, machine_info, print_machine
+from txbench.system import (
+    default_workdir,
+    fsync_tree,
+    machine_info,
+    print_machine,
+    write_table_bytes,
+)
 from txbench.workloads import MB, WORKLOADS, make_samples, scaled
 
 import txstore
@@ -63,26 +69,6 @@ def _timed(fn: Callable[[], Any], out: Path) -> tuple[float, float]:
 
 def _scan_lance(dataset: Any) -> int:
     return sum(b.num_rows for b in dataset.to_batches())
-
-
-def _write_floor(table: Any, out: Path) -> None:
-    """The floor of a durable write of the table: its buffers' bytes as they are, in files
-    of 64 MiB written in 1 MiB calls (fsync by the caller, as for every writer)."""
-    out.mkdir()
-    piece, step = 64 << 20, 1 << 20
-    buffers = [b for c in table.columns for a in c.chunks for b in a.buffers() if b is not None]
-    data = [memoryview(b) for b in buffers]
-    number, written = 0, piece
-    fd = -1
-    for view in data:
-        for at in range(0, len(view), step):
-            if written >= piece:
-                if fd >= 0:
-                    os.close(fd)
-                fd = os.open(out / f"{number}.bin", os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-                number, written = number + 1, 0
-            written += os.write(fd, view[at : at + step])
-    os.close(fd)
 
 
 def _take_floor(files: list[tuple[int, int]], picks: list[tuple[int, int]]) -> int:
@@ -128,7 +114,7 @@ def main() -> None:
         "txstore-batches": lambda out: txstore.create(str(out)).append(iter(batches)),
         "txstore-dicts": lambda out: txstore.create(str(out)).append(s for s in samples),
     }
-    writers["floor: write + fsync"] = partial(_write_floor, table)
+    writers["floor: write + fsync"] = partial(write_table_bytes, table)
     if lance is not None:
         writers["lance-2.0"] = lambda out: lance.write_dataset(
             table, str(out), data_storage_version="2.0"

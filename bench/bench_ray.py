@@ -38,7 +38,13 @@ from pathlib import Path
 from typing import Any
 
 from txbench.output import finish_report, new_report
-from txbench.system import default_workdir, machine_info, print_machine
+from txbench.system import (
+    default_workdir,
+    fsync_tree,
+    machine_info,
+    print_machine,
+    write_table_bytes,
+)
 from txbench.workloads import WORKLOADS, make_samples, scaled
 
 import txstore
@@ -183,26 +189,6 @@ def _floor_faces(payload: int) -> tuple[type, type]:
 # -- the run -------------------------------------------------------------------------------
 
 
-def _durable_write(table: Any, out: Path) -> None:
-    """The table's Arrow buffers as they are, in files of 64 MiB written in 1 MiB calls,
-    each fsynced: what storing these bytes costs this disk, with no Ray."""
-    out.mkdir()
-    piece, step = 64 << 20, 1 << 20
-    views = [memoryview(b) for c in table.columns for a in c.chunks for b in a.buffers() if b]
-    fd, number, written = -1, 0, piece
-    for view in views:
-        for at in range(0, len(view), step):
-            if written >= piece:
-                if fd >= 0:
-                    os.fsync(fd)
-                    os.close(fd)
-                fd = os.open(out / f"{number}.bin", os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-                number, written = number + 1, 0
-            written += os.write(fd, view[at : at + step])
-    os.fsync(fd)
-    os.close(fd)
-
-
 def _consume(ds: Any) -> int:
     return sum(b.num_rows for b in ds.iter_batches(batch_format="pyarrow", batch_size=None))
 
@@ -270,7 +256,8 @@ def main() -> None:
                 shutil.rmtree(base / f"{name}-{turn}")
             out = base / f"disk-{turn}"
             start = time.perf_counter()
-            _durable_write(table, out)
+            write_table_bytes(table, out)
+            fsync_tree(out)
             disk.append(time.perf_counter() - start)
             shutil.rmtree(out)
         shutil.rmtree(base)

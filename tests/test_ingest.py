@@ -156,6 +156,14 @@ def test_an_input_whose_table_cannot_be_stored_is_an_encode_error_naming_it(
     assert not os.path.exists(out)  # no store was made
 
 
+def _padded(out: Path, count: int, workers: int, limit: int) -> txstore.Store:
+    """A store of ``count`` samples of about 1,010 bytes each, made by ``optimize``."""
+    pad = lambda i: {"id": i, "pad": os.urandom(1000)}  # noqa: E731
+    optimize(pad, range(count), str(out), num_workers=workers, chunk_bytes=limit,
+             compression=None, progress=False)  # fmt: skip
+    return txstore.open(str(out))
+
+
 @pytest.mark.parametrize("workers", [1, 2, 3])
 @pytest.mark.parametrize("count", [2000, 2800])
 def test_chunks_are_at_least_half_full_whatever_the_workers(
@@ -167,16 +175,7 @@ def test_chunks_are_at_least_half_full_whatever_the_workers(
     there would move its samples past them); a fuller tail is kept as written (2,800 on 2
     workers: two tails of 0.54 chunk)."""
     limit = 64 * 1024
-    optimize(
-        lambda i: {"id": i, "pad": os.urandom(1000)},
-        range(count),
-        str(tmp_path / "s"),
-        num_workers=workers,
-        chunk_bytes=limit,
-        compression=None,
-        progress=False,
-    )
-    store = txstore.open(str(tmp_path / "s"))
+    store = _padded(tmp_path / "s", count, workers, limit)
     sizes = [c.size for c in store.snapshot().chunks()]
     halves = [s < limit // 2 for s in sizes]
     assert not any(a and b for a, b in pairwise(halves)), sizes  # no two small in a row
@@ -195,16 +194,7 @@ def test_workers_of_less_than_a_chunk_each_are_re_packed_in_order(
     re-packed into full chunks in the inputs' order."""
     limit = 64 * 1024
     count = 30 * workers  # about 30 KB a worker
-    optimize(
-        lambda i: {"id": i, "pad": os.urandom(1000)},
-        range(count),
-        str(tmp_path / "s"),
-        num_workers=workers,
-        chunk_bytes=limit,
-        compression=None,
-        progress=False,
-    )
-    snap = txstore.open(str(tmp_path / "s")).snapshot()
+    snap = _padded(tmp_path / "s", count, workers, limit).snapshot()
     sizes = [c.size for c in snap.chunks()]
     assert len(sizes) == -(-count * 1010 // limit), sizes  # as few as the bytes need
     assert [s["id"] for s in snap] == list(range(count))

@@ -66,6 +66,22 @@ def test_datasink_commits_one_version(ray: Any, target: Backend) -> None:
     assert store.log()[0].message == "embeddings"
 
 
+def test_datasink_writes_full_chunks_from_small_blocks(ray: Any, tmp_path: Path) -> None:
+    # 40 blocks of about 50 KB each: write tasks take a chunk's worth of them (200 KB), so
+    # the store gets a handful of full chunks, not a part-filled chunk a block.
+    uri = str(tmp_path / "s")
+    txstore.create(uri, chunk_bytes=200_000, compression=None)
+    blob = bytes(1000)
+    rows = ray.data.range(2000, override_num_blocks=40).map(
+        lambda r: {"id": int(r["id"]), "b": blob}
+    )
+    rows.write_datasink(TxstoreDatasink(uri))
+    snap = txstore.open(uri).snapshot()
+    assert sorted(s["id"] for s in snap) == list(range(2000))
+    chunks = [c.num_samples for c in snap.chunk_refs()]
+    assert len(chunks) <= 2 * (2000 * 1010 // 200_000 + 1), chunks
+
+
 def test_failed_job_commits_nothing(ray: Any, tmp_path: Path) -> None:
     uri = str(tmp_path / "s")
     txstore.create(uri)

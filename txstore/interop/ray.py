@@ -47,7 +47,14 @@ class TxstoreDatasink(Datasink[str]):
         store = open_or_create(uri, storage_options=storage_options, **create_settings)
         self._txn: Transaction | None = store.transaction(message=message, txn_id=txn_id)
         self._handle = self._txn.handle.to_json()
+        self._chunk_bytes = self._txn.handle.config.chunk_bytes
         self.result: Commit | None = None
+
+    @property
+    def min_bytes_per_write(self) -> int:
+        # A write task writes its own chunks and ends with a part-filled one: given a chunk's
+        # worth of blocks at least, a task writes full chunks, not one small chunk a block.
+        return self._chunk_bytes
 
     def __getstate__(self) -> dict[str, Any]:
         # Write tasks need only the handle, never the driver's store and transaction.

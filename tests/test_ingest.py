@@ -156,10 +156,13 @@ def test_an_input_whose_table_cannot_be_stored_is_an_encode_error_naming_it(
     assert not os.path.exists(out)  # no store was made
 
 
+def _pad(i: int) -> dict[str, Any]:
+    return {"id": i, "pad": os.urandom(1000)}
+
+
 def _padded(out: Path, count: int, workers: int, limit: int) -> txstore.Store:
     """A store of ``count`` samples of about 1,010 bytes each, made by ``optimize``."""
-    pad = lambda i: {"id": i, "pad": os.urandom(1000)}  # noqa: E731
-    optimize(pad, range(count), str(out), num_workers=workers, chunk_bytes=limit,
+    optimize(_pad, range(count), str(out), num_workers=workers, chunk_bytes=limit,
              compression=None, progress=False)  # fmt: skip
     return txstore.open(str(out))
 

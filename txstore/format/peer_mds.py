@@ -347,10 +347,12 @@ def shard_batch(shard: dict[str, Any], data: bytes | memoryview, where: str) -> 
     wrong with it. The byte columns are views of ``data``."""
     names, encodings = shard["column_names"], shard["column_encodings"]
     variable = [s is None for s in shard["column_sizes"]]
-    if not names or any(
-        (e != "int" or var) and (e not in _COLUMNAR or not var)
+    # ints of 8 bytes, and the others' values each with its size in the sample's head
+    readable = [
+        e == "int" if not var else e in _COLUMNAR
         for e, var in zip(encodings, variable, strict=True)
-    ):
+    ]
+    if not names or not all(readable):
         return None
     view = memoryview(data)
     n = shard["samples"]

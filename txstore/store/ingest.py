@@ -19,6 +19,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, wait
+from itertools import groupby
 from typing import Any
 
 from ..errors import (
@@ -145,12 +146,10 @@ class _Samples:
         """fn's samples and tables for one input, and how many of them are tables."""
         try:
             out = fn(item)
-            if type(out) is dict:
+            if isinstance(out, dict):
                 return [out], 0
             if is_columns(out):
                 return [out], 1
-            if isinstance(out, dict):
-                return [out], 0
             if isinstance(out, Iterable) and not isinstance(out, str | bytes | bytearray):
                 produced = list(out)  # a generator's own errors are fn's: named below
                 tables = sum(type(p) is not dict and is_columns(p) for p in produced)
@@ -315,17 +314,18 @@ def _repack_tails(
     only with its neighbours, never moved past another worker's chunks."""
     limit = handle.config.chunk_bytes
     flat = [(k, c) for k, p in enumerate(parts) for c in p.chunks]
-    small = [c.size < limit // 2 for _, c in flat]
-    runs: dict[int, int] = {}  # where a run starts in ``flat``: where it stops
+    # Each chunk's place: -1 - (its run's first chunk) in a run of 2 or more small chunks,
+    # else the number of its part. Consecutive chunks of one place go out together.
+    place = [k for k, _ in flat]
     i = 0
     while i < len(flat):
         j = i
-        while j < len(flat) and small[j]:
+        while j < len(flat) and flat[j][1].size < limit // 2:
             j += 1
         if j - i >= 2:
-            runs[i] = j
+            place[i:j] = [-1 - i] * (j - i)
         i = max(j, i + 1)
-    if not runs:
+    if all(p >= 0 for p in place):
         return parts
     reader = ChunkReader(storage)
 
@@ -335,31 +335,13 @@ def _repack_tails(
             yield from reader.samples(fetched, chunk, -1)
 
     out: list[StagedPart] = []
-    kept: list[ChunkRef] = []  # chunks of one worker's part, in a row, not rewritten
-
-    def keep_run(k: int) -> None:
-        if kept:
-            out.append(
-                StagedPart(
-                    staging_id=parts[k].staging_id,
-                    chunks=tuple(kept),
-                    num_samples=sum(c.num_samples for c in kept),
-                )
-            )
-            kept.clear()
-
-    i, owner = 0, 0
-    while i < len(flat):
-        k, chunk = flat[i]
-        if k != owner:
-            keep_run(owner)
-            owner = k
-        if i not in runs:
-            kept.append(chunk)
-            i += 1
+    for where, group in groupby(range(len(flat)), key=place.__getitem__):
+        chunks = [flat[n][1] for n in group]
+        if where >= 0:  # kept as its worker wrote them
+            count = sum(c.num_samples for c in chunks)
+            out.append(StagedPart(staging_id=parts[where].staging_id, chunks=tuple(chunks),
+                                  num_samples=count))  # fmt: skip
             continue
-        keep_run(owner)
-        chunks = [c for _, c in flat[i : runs[i]]]
         writer = StagedWriter(handle)
         try:
             writer.write(samples_of(chunks))
@@ -371,9 +353,6 @@ def _repack_tails(
         out.append(packed)
         for c in chunks:
             storage.delete(c.path)
-        i = runs[i]
-        owner = flat[i - 1][0]
-    keep_run(owner)
     return out
 
 

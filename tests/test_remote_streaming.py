@@ -8,7 +8,7 @@ import os
 import resource
 import signal
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,14 @@ import pytest
 
 import txstore
 from txstore.storage import TEMP_PREFIX
-from txstore.store.cache import PART_SIZE, STALE_PART_S, ChunkCache, part_ranges
+from txstore.store.cache import (
+    PART_SIZE,
+    STALE_PART_S,
+    ChunkCache,
+    Head,
+    part_ranges,
+    parts_around,
+)
 
 from .conftest import S3Server
 from .proxy import Proxy, Rule
@@ -326,3 +333,164 @@ def test_a_store_opened_again_finds_its_latest_version_in_one_round_trip(
     proxy.reset()
     assert reader.snapshot().version == 4  # later commits are found
     assert [s["id"] for s in reader.snapshot()][-3:] == [1, 1, 1]
+
+
+# -- the first batch from its blocks, while the chunk downloads ------------------------------
+
+
+def _s3_object(server: S3Server, uri: str, path: str) -> bytes:
+    import boto3
+
+    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
+    client = boto3.client(
+        "s3",
+        endpoint_url=server.endpoint,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    )
+    return bytes(client.get_object(Bucket=bucket, Key=f"{prefix}/{path}")["Body"].read())
+
+
+def _range_start(request: Any) -> int:
+    return int(request.range.removeprefix("bytes=").split("-")[0]) if request.range else -1
+
+
+def test_a_cold_epoch_hands_out_its_first_sample_before_the_chunk_is_in(
+    s3_server: S3Server, proxy: Proxy, tmp_path: Path
+) -> None:
+    """The first sample of a chunk not yet downloaded comes from two round trips (its footer,
+    then its block) while the download runs; the download takes those bytes from the reader,
+    so nothing but the footer is fetched twice, and the file kept is the store's."""
+    n = 2600  # one chunk of about 10.6 MB: more than a download part
+    uri, store = _store(s3_server, n, 4096, chunk_bytes=4 * PART_SIZE)
+    (chunk,) = store.snapshot().chunk_refs()
+    assert chunk.size > PART_SIZE
+    expected = store.snapshot()[0]
+    cache = tmp_path / "cache"
+    ds = StreamingDataset(uri, storage_options=_options(s3_server, proxy), cache_dir=str(cache))
+    assert len(ds) == n
+    # Every reply held a little; the download's own parts (neither the blocks read from the
+    # file's start nor the footer) held long enough to be still out after the first sample.
+    proxy.reset(
+        Rule(
+            lambda r: "/chunks/" in r.path and _range_start(r) not in (0, chunk.footer_offset),
+            "delay",
+            times=10**6,
+            delay=2.0,
+        ),
+        Rule(lambda r: True, "delay", times=10**6, delay=0.05),
+    )
+    it = iter(ds)
+    first = next(it)
+    assert first == expected
+    assert proxy.round_trips() == 2, [(r.path, r.range) for r in proxy.seen]
+    assert not (cache / chunk.path).exists()  # the chunk itself is still on its way
+    ids = [first["id"]] + [s["id"] for s in it]
+    assert ids == list(range(n))
+    assert (cache / chunk.path).read_bytes() == _s3_object(s3_server, uri, chunk.path)
+    gets = _chunk_gets(proxy)
+    footer = chunk.size - chunk.footer_offset
+    assert sum(size for _, size in gets) == chunk.size + footer
+    heads = [r for r in proxy.seen if "/chunks/" in r.path and _range_start(r) == 0]
+    assert len(heads) == 1
+    head_end = int(heads[0].range.split("-")[1]) + 1
+    assert 4096 < head_end <= 2 * 65536  # the first block of 16 samples of 4 KiB, no more
+
+
+def test_a_loader_reads_each_workers_first_batch_from_its_blocks(
+    s3_server: S3Server, proxy: Proxy, tmp_path: Path
+) -> None:
+    """Two workers start in the same chunk, one at its first sample and one halfway: each
+    reads its first batch as blocks (the second's from the middle of the file), one of
+    them downloads the chunk around them, and every sample arrives once."""
+    n = 2600
+    uri, store = _store(s3_server, n, 4096, chunk_bytes=4 * PART_SIZE)
+    (chunk,) = store.snapshot().chunk_refs()
+    cache = tmp_path / "cache"
+    ds = StreamingDataset(uri, storage_options=_options(s3_server, proxy), cache_dir=str(cache))
+    proxy.reset()
+    ids = [
+        int(i)
+        for batch in StreamingDataLoader(ds, batch_size=32, num_workers=2)
+        for i in batch["id"]
+    ]
+    assert sorted(ids) == list(range(n))
+    assert (cache / chunk.path).read_bytes() == _s3_object(s3_server, uri, chunk.path)
+    starts = sorted(_range_start(r) for r in proxy.seen if "/chunks/" in r.path)
+    assert 0 in starts and any(0 < s < chunk.size // 2 < chunk.footer_offset for s in starts)
+    assert starts.count(chunk.footer_offset) == 2  # each worker's footer read
+
+
+def test_a_damaged_first_block_raises_and_nothing_is_kept(
+    s3_server: S3Server, tmp_path: Path
+) -> None:
+    """The blocks read for the first sample are checked frame by frame; the download that
+    takes them is checked whole and not kept either."""
+    import boto3
+
+    uri, store = _store(s3_server, 2600, 4096, chunk_bytes=4 * PART_SIZE)
+    (chunk,) = store.snapshot().chunk_refs()
+    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
+    client = boto3.client(
+        "s3",
+        endpoint_url=s3_server.endpoint,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    )
+    data = bytearray(_s3_object(s3_server, uri, chunk.path))
+    data[100] ^= 0xFF  # in the first block's frames
+    client.put_object(Bucket=bucket, Key=f"{prefix}/{chunk.path}", Body=bytes(data))
+    ds = StreamingDataset(uri, storage_options=s3_server.options, cache_dir=str(tmp_path / "c"))
+    with pytest.raises(txstore.ChecksumError, match=chunk.path):
+        next(iter(ds))
+    assert not (tmp_path / "c" / chunk.path).exists()
+    assert not [p for p in (tmp_path / "c").rglob("*") if p.name.startswith(TEMP_PREFIX)]
+
+
+def test_a_download_around_a_readers_bytes_takes_them_from_it(
+    s3_server: S3Server, proxy: Proxy, tmp_path: Path
+) -> None:
+    """``ChunkCache.fetch`` with a ``Head``: the bytes in it are not fetched, and are written
+    in place; a reader's failure is the fetch's; bytes of the wrong length are corruption.
+    Nothing is kept from a fetch that fails."""
+    uri, store = _store(s3_server, 2600, 4096, chunk_bytes=4 * PART_SIZE)
+    (chunk,) = store.snapshot().chunk_refs()
+    whole = _s3_object(s3_server, uri, chunk.path)
+    snap = txstore.open(uri, storage_options=_options(s3_server, proxy)).snapshot()
+    start, end = 3_000_000, 3_500_000
+
+    def head(data: bytes | BaseException) -> Head:
+        future: Future[bytes] = Future()
+        if isinstance(data, BaseException):
+            future.set_exception(data)
+        else:
+            future.set_result(data)
+        return Head(chunk.path, start, end, future)
+
+    folder = tmp_path / "cache"
+    failed = ChunkCache(snap.reader, str(folder), 10**10)
+    with pytest.raises(txstore.StorageError, match="the reader's"):
+        failed.fetch(chunk, snap.version, head(txstore.StorageError("the reader's")))
+    with pytest.raises(txstore.CorruptError, match="shorter"):
+        failed.fetch(chunk, snap.version, head(whole[start : end - 1]))
+    assert not (folder / chunk.path).exists()
+    assert not [p for p in folder.rglob("*") if p.name.startswith(TEMP_PREFIX)]
+    failed.close()
+
+    proxy.reset()
+    cache = ChunkCache(snap.reader, str(folder), 10**10)
+    fetched = cache.fetch(chunk, snap.version, head(whole[start:end]))
+    assert sum(size for _, size in _chunk_gets(proxy)) == chunk.size - (end - start)
+    assert (folder / chunk.path).read_bytes() == whole
+    ids = [s["id"] for s in snap.reader.samples(fetched, chunk, snap.version)]
+    assert ids == list(range(2600))
+    cache.close()
+
+
+def test_parts_around_a_span_cover_the_rest_once() -> None:
+    assert parts_around(20, (0, 5), 8) == [(5, 13), (13, 20)]
+    assert parts_around(20, (6, 9), 4) == [(0, 4), (4, 6), (9, 13), (13, 17), (17, 20)]
+    assert parts_around(20, (3, 20), 8) == [(0, 3)]
+    assert parts_around(20, (0, 20), 8) == []

@@ -21,6 +21,8 @@ import os
 import time
 import zlib
 from collections.abc import Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass
 
 from ..errors import ChecksumError, CorruptError, MissingDataError, NotFoundError, StorageError
 from ..format.manifest import ChunkFile, ChunkRef, chunk_files
@@ -46,6 +48,29 @@ def part_ranges(size: int, part_size: int = PART_SIZE) -> list[tuple[int, int]]:
     return [(start, min(size, start + part_size)) for start in range(0, size, part_size)] or [
         (0, 0)
     ]
+
+
+def parts_around(
+    size: int, skip: tuple[int, int], part_size: int = PART_SIZE
+) -> list[tuple[int, int]]:
+    """``part_ranges`` of an object of ``size`` bytes but the bytes [start, end) of ``skip``."""
+    start, end = skip
+    before = part_ranges(start, part_size) if start else []
+    after = part_ranges(size - end, part_size) if end < size else []
+    return before + [(end + a, end + b) for a, b in after]
+
+
+@dataclass(frozen=True)
+class Head:
+    """Bytes [start, end) of a chunk file that its reader fetches itself, to hand out its first
+    samples before the whole file is in: the download skips them and writes them in place
+    once ``data`` resolves (to those bytes, or to the reader's failure, which the fetch then
+    raises)."""
+
+    path: str
+    start: int
+    end: int
+    data: Future[bytes]
 
 
 class ChunkCache:
@@ -83,12 +108,21 @@ class ChunkCache:
         except StorageError as e:
             logger.warning("cache folder not cleaned: %s", e)
 
-    def fetch(self, chunk: ChunkRef, version: int) -> Fetched:
+    def holds(self, chunk: ChunkRef) -> bool:
+        """Whether every file of ``chunk`` is in the folder already."""
+        return all(
+            os.path.exists(os.path.join(self.local.root, *src.path.split("/")))
+            for src in chunk_files(chunk)
+        )
+
+    def fetch(self, chunk: ChunkRef, version: int, head: Head | None = None) -> Fetched:
+        """The chunk, from the folder or downloaded; ``head``: bytes of it a reader is
+        fetching itself, which the download takes from it rather than from the store."""
         files = chunk_files(chunk)
         with self._locked(files):
             found: list[str] = []
             try:
-                return self._fetch(files, chunk, version, found)
+                return self._fetch(files, chunk, version, found, head)
             except (ChecksumError, CorruptError, MissingDataError):
                 if not found:
                     raise  # all downloaded just now: the store's own copy is damaged
@@ -99,7 +133,12 @@ class ChunkCache:
                 return self._fetch(files, chunk, version, None)
 
     def _fetch(
-        self, files: list[ChunkFile], chunk: ChunkRef, version: int, found: list[str] | None
+        self,
+        files: list[ChunkFile],
+        chunk: ChunkRef,
+        version: int,
+        found: list[str] | None,
+        head: Head | None = None,
     ) -> Fetched:
         """The chunk, from the folder where its files are there (their paths added to
         ``found``) and from the remote store where not (or for all, when ``found`` is None).
@@ -113,7 +152,8 @@ class ChunkCache:
                 if data is not None and found is not None:
                     found.append(src.path)
                 if data is None:
-                    data = self._download(src, version, staging, staged)
+                    part = head if head is not None and head.path == src.path else None
+                    data = self._download(src, version, staging, staged, part)
                 given[src.path] = data
             fetched = self._reader.fetch(chunk, version, None, True, given)
             for into in staged:  # checked (the digest, or each frame): worth keeping
@@ -129,6 +169,7 @@ class ChunkCache:
         version: int,
         staging: contextlib.ExitStack,
         staged: list[Staged],
+        head: Head | None = None,
     ) -> bytes | memoryview:
         """A source's bytes from the remote store, into a new file in the folder (added to
         ``staged``, to publish once checked; a hidden source's published now, since it is
@@ -138,7 +179,7 @@ class ChunkCache:
         data = None
         if into is not None:
             staging.enter_context(into)
-            data = self._download_into(src, version, into)
+            data = self._download_into(src, version, into, head)
         if data is None:
             data = self.download(src, version)
             if src.hidden:
@@ -161,7 +202,7 @@ class ChunkCache:
             return None
 
     def _download_into(
-        self, src: ChunkFile, version: int, into: Staged
+        self, src: ChunkFile, version: int, into: Staged, head: Head | None = None
     ) -> bytes | memoryview | None:
         """A source's bytes, fetched as parts at once into ``into`` and mapped from there
         (copied, with ``copy_reads``): never whole in this process's memory, so no 64 MiB
@@ -176,10 +217,19 @@ class ChunkCache:
                 except StorageError as e:
                     failed.append(e)
 
+        skip = (head.start, head.end) if head is not None else None
+        ranges = part_ranges(src.size) if skip is None else parts_around(src.size, skip)
         try:
-            self.remote.storage.read_ranges_into(src.path, part_ranges(src.size), put)
+            if ranges:
+                self.remote.storage.read_ranges_into(src.path, ranges, put)
         except NotFoundError:
             raise self._missing(src, version) from None
+        if head is not None:
+            data = head.data.result()  # the reader's failure, if it failed, is this one's
+            if len(data) != head.end - head.start:
+                where = f"chunk {self.remote.storage.uri}/{src.path} (version {version})"
+                raise CorruptError(f"{where} is shorter than its manifest says")
+            put(head.start, data)
         if failed:
             logger.warning("chunk not kept in the cache, read again when needed: %s", failed[0])
             into.discard()

@@ -171,6 +171,19 @@ class Fetched:
     parts: list[tuple[ChunkFile, ChunkLayout, FileBytes, frozenset[str] | None]]
     verified: frozenset[str] = frozenset()
 
+    @classmethod
+    def of_ranges(
+        cls,
+        src: ChunkFile,
+        layout: ChunkLayout,
+        ranges: Sequence[tuple[int, int]],
+        pieces: Sequence[bytes],
+    ) -> Fetched:
+        """Some blocks of a chunk file (``ChunkReader.head_ranges``) as read: every field,
+        each frame checked as it is decoded."""
+        found = Ranges([(start, piece) for (start, _), piece in zip(ranges, pieces, strict=True)])
+        return cls([(src, layout, found, ChunkReader.keep(src, layout, None))])
+
 
 class ChunkReader:
     """Reads chunks of one store: footers (cached), single samples, whole chunks."""
@@ -248,7 +261,7 @@ class ChunkReader:
         return layout
 
     @staticmethod
-    def _keep(
+    def keep(
         src: ChunkFile, layout: ChunkLayout, fields: frozenset[str] | None
     ) -> frozenset[str] | None:
         """The columns to read from ``src``: None for all of them."""
@@ -270,7 +283,7 @@ class ChunkReader:
             # One sample need not pay for checking the frames of the whole chunk.
             layout = self.layout(src, version, lazy=True)
             block, i = layout.locate(index)
-            frames = select_frames(layout, block, self._keep(src, layout, fields))
+            frames = select_frames(layout, block, self.keep(src, layout, fields))
             if not frames:
                 continue
             n = layout.block_samples(block)
@@ -310,7 +323,7 @@ class ChunkReader:
             chunk = picks[ks[0]][0]
             for src in self._sources(chunk):
                 layout = self.layout(src, version, lazy=True)
-                keep = self._keep(src, layout, fields)
+                keep = self.keep(src, layout, fields)
                 names, starts = layout.columns, layout.block_starts
                 # Runs of picks in one block (sorted by index): [first, last) of ``ks``.
                 first = 0
@@ -337,6 +350,31 @@ class ChunkReader:
                             if value is not ABSENT:
                                 column[k] = value
         return columns
+
+    def head_ranges(
+        self, src: ChunkFile, version: int, start: int, stop: int, part_bytes: int
+    ) -> tuple[ChunkLayout, list[tuple[int, int]]]:
+        """The footer of ``src``, and the byte ranges of the blocks holding its samples
+        [start, stop): whole blocks, grouped into ranges of about ``part_bytes`` (one larger
+        block is one range), which a caller reads at once and decodes (``Ranges``) before
+        the rest of the file is in."""
+        layout = self.layout(src, version, lazy=True)
+        first, _ = layout.locate(start)
+        last, _ = layout.locate(stop - 1)
+        ranges: list[tuple[int, int]] = []
+        for block in range(first, last + 1):
+            frames = layout.block_frames(block)
+            if not frames:
+                continue
+            low = min(f.offset for f in frames)
+            high = max(f.offset + f.length for f in frames)
+            if ranges and ranges[-1][1] == low and high - ranges[-1][0] <= part_bytes:
+                ranges[-1] = (ranges[-1][0], high)
+            else:
+                # From the file's first byte for the first block: with the header, the rest
+                # of the file is one range, not two.
+                ranges.append((0 if block == 0 else low, high))
+        return layout, ranges
 
     def map_whole(self, chunk: ChunkRef, version: int) -> dict[str, bytes | memoryview]:
         """The buffers of the sources ``fetch`` reads whole (fields None), by path: cheap
@@ -469,7 +507,7 @@ class ChunkReader:
                     verified.add(src.path)
                 continue
             layout = self.layout(src, version)
-            keep = self._keep(src, layout, fields)
+            keep = self.keep(src, layout, fields)
             if keep:
                 parts.append((src, layout, self._read_frames(src, layout, keep, version), keep))
         return Fetched(parts, frozenset(verified))

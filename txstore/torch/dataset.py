@@ -52,14 +52,17 @@ from torch.utils.data import (
 from ..errors import ResumeMismatchError, TxstoreError
 from ..format.manifest import ChunkRef, chunk_files
 from ..format.units import parse_duration, parse_size
-from ..store.cache import ChunkCache
+from ..store.cache import PART_SIZE, ChunkCache, Head
 from ..store.core import open as open_store
-from ..store.snapshot import Fetched, Sample, Snapshot
+from ..store.snapshot import ChunkReader, Fetched, Sample, Snapshot
 from . import elastic
 from .collate import collate
 from .transport import BytesPool, Receiver, pack, unpack
 
 STATE_FORMAT = 1
+#: The size of each ranged read of the blocks a first batch needs from a chunk not yet
+#: downloaded (``_ChunkFetcher.head``): small enough that several connections share them.
+HEAD_PART_BYTES = 1 << 20
 #: A local chunk's files, mapped ahead on the decoding thread, or why they could not be.
 Mapped = dict[str, bytes | memoryview] | TxstoreError | None
 
@@ -223,6 +226,9 @@ class _ChunkFetcher:
         self._futures: dict[int, Future[Fetched]] = {}
         self._held = False
         self._lock = threading.Lock()
+        # The first chunk's fetch, when ``head`` started it, and the bytes it takes from there.
+        self._early: tuple[ChunkRef, Future[Fetched]] | None = None
+        self._heads: dict[str, Head] = {}
 
     def _map(self, chunk: ChunkRef) -> Mapped:
         """A local chunk's files mapped on the decoding thread (a failure kept for ``_fetch``
@@ -243,7 +249,39 @@ class _ChunkFetcher:
         if self._cache is None:
             return self._remote.fetch(chunk, version, fields, digest, mapped)
         # Downloaded whole and checked once against the digest, before it is decoded.
-        return self._cache.fetch(chunk, version)
+        return self._cache.fetch(chunk, version, self._heads.pop(chunk.path, None))
+
+    def head(self, chunk: ChunkRef, start: int, stop: int) -> Fetched | None:
+        """Samples [start, stop) of a remote chunk not in the cache, read as their blocks
+        alone (the footer, then the blocks' ranges at once: two round trips), while the whole
+        chunk downloads on a fetch thread (which takes those bytes from here rather than
+        from the store): the first batch need not wait for 64 MiB. None when the chunk is
+        read otherwise (local, cached, with field files, or when the blocks are most of it).
+        Call before ``stream``, which then goes on with the fetch started here."""
+        files = chunk_files(chunk)
+        if (
+            self._cache is None
+            or len(files) != 1
+            or files[0].size < PART_SIZE  # one round trip brings it all, like the blocks
+            or self._cache.holds(chunk)
+        ):
+            return None
+        src, version = files[0], self._snapshot.version
+        layout, ranges = self._remote.head_ranges(src, version, start, stop, HEAD_PART_BYTES)
+        adjacent = all(a[1] == b[0] for a, b in itertools.pairwise(ranges))
+        if not ranges or not adjacent or ranges[-1][1] - ranges[0][0] > src.size // 2:
+            return None
+        head = Head(src.path, ranges[0][0], ranges[-1][1], Future())
+        self._heads[src.path] = head
+        self._early = (chunk, self._pool.submit(self._fetch, chunk, False, None))
+        try:
+            pieces = self._snapshot.storage.read_ranges(src.path, ranges)
+        except BaseException as e:
+            head.data.set_exception(e)
+            raise
+        # The ranges are adjacent: the download writes them as one piece.
+        head.data.set_result(pieces[0] if len(pieces) == 1 else b"".join(pieces))
+        return Fetched.of_ranges(src, layout, ranges, pieces)
 
     def release(self, chunk: ChunkRef) -> None:
         if self._cache is None:
@@ -278,6 +316,9 @@ class _ChunkFetcher:
     def _submit_from(self, i: int) -> None:
         last = i if self._held else min(len(self._chunks) - 1, i + self._ahead)
         for j in range(i, last + 1):
+            if j == 0 and self._early is not None and self._early[0] is self._chunks[0]:
+                self._futures[j] = self._early[1]
+                self._early = None
             if j not in self._futures:
                 # The first chunk is checked frame by frame as it is decoded, so that the
                 # first sample does not wait for the whole file to be read and hashed (cold:
@@ -298,6 +339,9 @@ class _ChunkFetcher:
         return all(storage.is_cached(src.path) for src in chunk_files(chunk) if not src.hidden)
 
     def close(self) -> None:
+        for head in self._heads.values():  # a fetch waiting on bytes never read
+            if not head.data.done():
+                head.data.set_exception(TxstoreError("the read was closed"))
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._cached_pool.shutdown(wait=True, cancel_futures=True)
         if self._cache is not None:
@@ -707,15 +751,31 @@ class StreamingDataset(SnapshotDataset):
         )
         flat = [p for window in windows for p in window]
         chunks = [self._chunks[p.chunk] for p in flat]
+        held = self._first_batch
+        head = head_stop = None
+        if not self.shuffle and not skip and flat:
+            # A remote chunk's first batch, read as its blocks while the chunk downloads.
+            head_stop = min(flat[0].stop, flat[0].start + held)
+            try:
+                head = fetcher.head(chunks[0], flat[0].start, head_stop)
+            except BaseException:
+                fetcher.close()
+                raise
         # Without shuffle, the first sample needs only the first chunk's first block.
         stream = fetcher.stream(chunks, hold=not self.shuffle)
-        held = self._first_batch
         try:
             if not self.shuffle:  # nothing to reorder: yield as blocks decode
-                for piece in (p for window in windows for p in window):
-                    chunk, fetched = next(stream)
+                for number, piece in enumerate(flat):
+                    start, first = piece.start, None
+                    if number == 0 and head is not None:
+                        assert head_stop is not None
+                        first = reader.samples(head, chunks[0], version, start, head_stop, views)
+                        start = head_stop
                     rows = snapshot.handle_missing(
-                        reader.samples(fetched, chunk, version, piece.start, piece.stop, views)
+                        itertools.chain(
+                            first or (),
+                            self._rest(reader, stream, version, start, piece.stop, views),
+                        )
                     )
                     if skip:
                         rows = itertools.islice(rows, skip, None)
@@ -731,8 +791,7 @@ class StreamingDataset(SnapshotDataset):
                         yield row
                     yield from rows
                     skip = max(0, skip - (piece.stop - piece.start))
-                    del fetched
-                    fetcher.release(chunk)
+                    fetcher.release(chunks[number])
                 return
             for number, window in enumerate(windows, start=first_window):
                 samples: list[Sample] = []
@@ -755,6 +814,20 @@ class StreamingDataset(SnapshotDataset):
         finally:
             stream.close()
             fetcher.close()
+
+    @staticmethod
+    def _rest(
+        reader: ChunkReader,
+        stream: Iterator[tuple[ChunkRef, Fetched]],
+        version: int,
+        start: int,
+        stop: int,
+        views: bool,
+    ) -> Iterator[Sample]:
+        """Samples [start, stop) of the next chunk ``stream`` gives, fetched once the first
+        of them is asked for (after the head's, where a head was read)."""
+        chunk, fetched = next(stream)
+        yield from reader.samples(fetched, chunk, version, start, stop, views)
 
     def clear_cache(self) -> None:
         shutil.rmtree(self._cache_dir(), ignore_errors=True)

@@ -1306,10 +1306,13 @@ def _best_peer(
 BUSY = 0.9
 
 
-def _busy(r: Row) -> float:
-    """Cores busy through a run: the client's, proxy's and server's CPU seconds ÷ its wall."""
+def _busy(r: Row) -> float | None:
+    """Cores busy through a run: the client's, proxy's and server's CPU seconds ÷ its wall;
+    None for a run whose client CPU counted its imports too (``cpu_window`` absent)."""
+    if r.get("cpu_window") != "task" or not r["seconds"]:
+        return None
     cpu = r["client_cpu_s"] + r["proxy_cpu_s"] + r["server_cpu_s"]
-    return float(cpu / r["seconds"]) if r["seconds"] else 0.0
+    return float(cpu / r["seconds"])
 
 
 def _remote_verdict(
@@ -1320,8 +1323,9 @@ def _remote_verdict(
         return "met"
     task = "dl" if "DataLoader" in t["what"] else "cold"
     r = results.get((t["kind"], t["latency_ms"], t["workload"], task, "txstore"))
-    if "samples/s" in t["what"] and r and "client_cpu_s" in r and _busy(r) >= BUSY * cores:
-        return f"**missed**, bounded by CPU ({_busy(r):.2f} cores)"
+    busy = _busy(r) if r and "samples/s" in t["what"] else None
+    if busy is not None and busy >= BUSY * cores:
+        return f"**missed**, bounded by CPU ({busy:.2f} cores)"
     return "**missed**"
 
 
@@ -1459,7 +1463,7 @@ def remote_section(report: Report, plots: Plots) -> str:
             continue
         rows.append([f"{ms:g} ms", wl, REMOTE_TASKS[task], REMOTE_NAMES[system],
                      f"{r['seconds']:.1f}", f"{r['client_cpu_s']:.1f}", f"{r['proxy_cpu_s']:.1f}",
-                     f"{r['server_cpu_s']:.1f}", f"{_busy(r):.2f}", str(r["peak_connections"]),
+                     f"{r['server_cpu_s']:.1f}", fmt(_busy(r), ".2f"), str(r["peak_connections"]),
                      str(r["peak_in_flight"])])  # fmt: skip
     if rows:
         parts.append("### What bounds each run\n")

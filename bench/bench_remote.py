@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib
 import json
 import os
 import random
@@ -442,6 +443,11 @@ def child_main(task: Task, control_port: int) -> dict[str, Any]:
         import streaming  # type: ignore[import-not-found, unused-ignore]  # noqa: F401
     else:
         import txstore.torch  # noqa: F401
+
+        # Its object store's client library too, as LitData's downloader above brings in
+        # LitData's (txstore imports a backend's library when a store of that kind is opened).
+        storage = {"s3": "s3", "gcs": "gcs", "azure": "azure"}[task.kind]
+        importlib.import_module(f"txstore.storage.{storage}")
 
     def proxy_stats() -> dict[str, Any]:
         with socket.create_connection(("127.0.0.1", control_port), timeout=10) as s:

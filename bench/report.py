@@ -1364,7 +1364,9 @@ def remote_section(report: Report, plots: Plots) -> str:
         f"{st['conn_mbps']:g} MB/s{total}, counting requests and bytes. Each system wrote "
         f"{described} to its own prefix (its default 64 MiB chunks); every measurement is a "
         f"fresh process with an empty cache (warm: a cache a previous process filled), median "
-        f"of {st['repeat']}. `× data`: bytes the proxy passed ÷ the dataset's bytes. "
+        f"of {st['repeat']}; the clock starts once the process has imported torch, the "
+        "system's package and its object-store client. `× data`: bytes the proxy passed ÷ the "
+        "dataset's bytes. "
         "`conn`: most connections open at once. Ratios are txstore ÷ the faster peer.\n",
     ]
     base = st["latency_ms"]

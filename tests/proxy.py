@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import contextlib
 import queue
+import re
 import socket
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from urllib.parse import parse_qs, unquote, urlsplit
 
 _IO_TIMEOUT = 30.0  # seconds a proxy thread waits on a silent socket before giving up
 _MAX_HEAD = 64 * 1024
@@ -47,7 +49,24 @@ class Rule:
     action: str  # "drop", "delay", "lose" or "late"
     times: int = 1
     delay: float = 0.0
-    held: tuple[str, bytes] | None = None  # "late": the path and bytes of the held request
+    held: tuple[str, bytes] | None = None  # "late": the object and bytes of the held request
+
+
+_GCS_OBJECT = re.compile(
+    r"^(?:/download|/upload)?/storage/v1/b/(?P<bucket>[^/]+)/o(?:/(?P<name>.+))?$"
+)
+
+
+def object_of(path: str) -> str:
+    """What object a request is about, to pair a held write with the read of it: its path,
+    but for GCS's JSON API (an upload names the object in its query, a read in its path) the
+    bucket and the object's name."""
+    parts = urlsplit(path)
+    found = _GCS_OBJECT.match(parts.path)
+    if found is None:
+        return path
+    name = found.group("name") or parse_qs(parts.query).get("name", [""])[0]
+    return f"gcs:{found.group('bucket')}/{unquote(name)}" if name else path
 
 
 @dataclass(frozen=True)
@@ -211,7 +230,7 @@ class Proxy:
             number = request.number
             for rule in self.rules:
                 reads = method in ("GET", "HEAD")
-                if reads and rule.held is not None and rule.held[0] == path:
+                if reads and rule.held is not None and rule.held[0] == object_of(path):
                     held, rule.held = rule.held[1], None
                     return number, _Release(held)
             for rule in self.rules:
@@ -255,7 +274,7 @@ class Proxy:
             client.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")  # or the body never comes
         body = reader.body(headers, has_body=True)
         with self._lock:
-            rule.held = (path, raw + body)
+            rule.held = (object_of(path), raw + body)
 
     def _deliver(self, request: bytes) -> None:
         """Send a held request to the server on a connection of its own; drop the answer."""

@@ -5,10 +5,10 @@ gcsfs retries after a lost reply itself (six attempts, backing off from a second
 replays the commit as aiohttp does on S3; a reply later than its ``requests_timeout`` it does
 not retry. The Azure SDK's first retry waits about 15 s, so its
 clients here have none (``retry_total=0``): each lost reply is an unknown outcome that the
-writer settles by reading back, at once. Losing one reply of every request of an append runs
-on Azure alone (on GCS each lost reply costs gcsfs's backoff), and so does delivering a commit
-late (the proxy pairs a held write with its read-back by path, and a GCS upload's path is not
-the object's).
+writer settles by reading back, at once. Every case runs on both: losing one reply of every
+request of an append costs GCS a backoff of gcsfs's per request (about 10 s in all), and the
+proxy pairs a commit it delivers late with the read-back of the same object (``object_of``:
+a GCS upload names its object in the query).
 """
 
 from __future__ import annotations
@@ -117,13 +117,7 @@ def test_reply_to_the_commit_delayed_past_the_client_timeout(
     assert case.check("t", reported) == []
 
 
-def _azure_only(remote: Remote, why: str) -> None:
-    if remote.backend.name != "azure":
-        pytest.skip(why)
-
-
 def test_lost_reply_at_every_request_of_an_append(remote: Remote, remote_proxy: Proxy) -> None:
-    _azure_only(remote, "gcsfs waits a second or two before each retry: too slow for CI here")
     case = RemoteCase(remote, remote_proxy)
     case.append("probe")
     requests = list(case.proxy.seen)
@@ -139,9 +133,7 @@ def test_commit_request_delivered_after_the_client_gave_up(
 ) -> None:
     """The proxy holds the commit's PUT, loses the client's retries of it, and delivers it
     once the client, having given up, reads the key back."""
-    # The proxy delivers a held write when a read of the same path comes; a GCS upload's
-    # path is the bucket's upload endpoint, not the object's.
-    _azure_only(remote, "the proxy cannot pair a GCS upload with its read-back")
+    # The proxy delivers a held write when a read of the same object comes (``object_of``).
     case = RemoteCase(remote, remote_proxy)
     late, lose = Rule(is_commit, "late"), Rule(is_commit, "lose", times=20)
     reported = case.append("t", late, lose)

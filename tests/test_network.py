@@ -128,15 +128,20 @@ def test_lost_reply_at_every_request_of_an_append(s3_server: S3Server, proxy: Pr
     assert case.check_all() == []
 
 
-def test_delayed_reply_at_every_write_of_an_append(s3_server: S3Server, proxy: Proxy) -> None:
-    case = Case(s3_server, proxy)
-    writes = [r.number for r in _requests_of_an_append(case) if r.method == "PUT"]
+def delay_each_write(case: Case, methods: tuple[str, ...]) -> None:
+    """An append for each write (request of ``methods``) of a probe append, with the reply to
+    that write delayed past the client's timeout: every one settles as the store says."""
+    writes = [r.number for r in _requests_of_an_append(case) if r.method in methods]
     assert len(writes) >= 4  # chunk, segment, manifest, HEAD, marker
     for k in writes:
         rule = Rule(lambda r, k=k: r.number == k, "delay", delay=2.5 * READ_TIMEOUT)
         reported = case.append(f"t{k}", rule)
         assert case.check(f"t{k}", reported) == [], f"reply to request {k} delayed"
     assert case.check_all() == []
+
+
+def test_delayed_reply_at_every_write_of_an_append(s3_server: S3Server, proxy: Proxy) -> None:
+    delay_each_write(Case(s3_server, proxy), ("PUT",))
 
 
 class LateCommit(FaultyStorage):

@@ -26,7 +26,7 @@ from .conftest import Backend
 from .emulators import AzuriteServer, GcsServer
 from .invariants import txn_samples
 from .proxy import Proxy, Request, Rule
-from .test_network import READ_TIMEOUT, Case
+from .test_network import READ_TIMEOUT, Case, delay_each_write
 
 
 @dataclass
@@ -129,16 +129,8 @@ def test_lost_reply_at_every_request_of_an_append(remote: Remote, remote_proxy: 
 
 
 def test_delayed_reply_at_every_write_of_an_append(remote: Remote, remote_proxy: Proxy) -> None:
-    case = RemoteCase(remote, remote_proxy)
-    case.append("probe")
-    # Writes: Azure PUTs each blob; GCS POSTs each upload (and DELETEs, which are not these).
-    writes = [r.number for r in case.proxy.seen if r.method in ("PUT", "POST")]
-    assert len(writes) >= 4  # chunk, segment, manifest, HEAD, marker
-    for k in writes:
-        rule = Rule(lambda r, k=k: r.number == k, "delay", delay=2.5 * READ_TIMEOUT)
-        reported = case.append(f"t{k}", rule)
-        assert case.check(f"t{k}", reported) == [], f"reply to request {k} delayed"
-    assert case.check_all() == []
+    # Writes: Azure PUTs each blob; GCS POSTs each upload.
+    delay_each_write(RemoteCase(remote, remote_proxy), ("PUT", "POST"))
 
 
 def test_commit_request_delivered_after_the_client_gave_up(

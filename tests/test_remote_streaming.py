@@ -51,6 +51,35 @@ def _store(server: S3Server, n: int, pad: int, chunk_bytes: int) -> tuple[str, t
     return uri, store
 
 
+def _s3(server: S3Server, uri: str, path: str) -> tuple[Any, str, str]:
+    """A boto3 client straight to the server (not through s3fs or the proxy), and the bucket
+    and key of ``path`` in the store at ``uri``."""
+    import boto3
+
+    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
+    client = boto3.client(
+        "s3",
+        endpoint_url=server.endpoint,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    )
+    return client, bucket, f"{prefix}/{path}"
+
+
+def _s3_object(server: S3Server, uri: str, path: str) -> bytes:
+    client, bucket, key = _s3(server, uri, path)
+    return bytes(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+
+
+def _flip_in_store(server: S3Server, uri: str, path: str, offset: int) -> None:
+    """The byte at ``offset`` of the store's object at ``path``, inverted in place."""
+    client, bucket, key = _s3(server, uri, path)
+    data = bytearray(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+    data[offset] ^= 0xFF
+    client.put_object(Bucket=bucket, Key=key, Body=bytes(data))
+
+
 def test_part_ranges_cover_the_object_once() -> None:
     assert part_ranges(0) == [(0, 0)]
     assert part_ranges(5, 8) == [(0, 5)]
@@ -261,22 +290,9 @@ def test_a_damaged_cached_copy_is_downloaded_again(
 
 
 def test_a_chunk_damaged_in_the_store_raises(s3_server: S3Server, tmp_path: Path) -> None:
-    import boto3
-
     uri, store = _store(s3_server, 1000, 100, chunk_bytes=50_000)
     victim = store.snapshot().chunks()[2]
-    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
-    client = boto3.client(
-        "s3",
-        endpoint_url=s3_server.endpoint,
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-        region_name="us-east-1",
-    )
-    key = f"{prefix}/{victim.path}"
-    data = bytearray(client.get_object(Bucket=bucket, Key=key)["Body"].read())
-    data[100] ^= 0xFF
-    client.put_object(Bucket=bucket, Key=key, Body=bytes(data))
+    _flip_in_store(s3_server, uri, victim.path, 100)
     ds = StreamingDataset(uri, storage_options=s3_server.options, cache_dir=str(tmp_path / "c"))
     with pytest.raises(txstore.ChecksumError, match=victim.path):
         list(ds)
@@ -336,20 +352,6 @@ def test_a_store_opened_again_finds_its_latest_version_in_one_round_trip(
 
 
 # -- the first batch from its blocks, while the chunk downloads ------------------------------
-
-
-def _s3_object(server: S3Server, uri: str, path: str) -> bytes:
-    import boto3
-
-    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
-    client = boto3.client(
-        "s3",
-        endpoint_url=server.endpoint,
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-        region_name="us-east-1",
-    )
-    return bytes(client.get_object(Bucket=bucket, Key=f"{prefix}/{path}")["Body"].read())
 
 
 def _range_start(request: Any) -> int:
@@ -427,21 +429,9 @@ def test_a_damaged_first_block_raises_and_nothing_is_kept(
 ) -> None:
     """The blocks read for the first sample are checked frame by frame; the download that
     takes them is checked whole and not kept either."""
-    import boto3
-
     uri, store = _store(s3_server, 2600, 4096, chunk_bytes=4 * PART_SIZE)
     (chunk,) = store.snapshot().chunk_refs()
-    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
-    client = boto3.client(
-        "s3",
-        endpoint_url=s3_server.endpoint,
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-        region_name="us-east-1",
-    )
-    data = bytearray(_s3_object(s3_server, uri, chunk.path))
-    data[100] ^= 0xFF  # in the first block's frames
-    client.put_object(Bucket=bucket, Key=f"{prefix}/{chunk.path}", Body=bytes(data))
+    _flip_in_store(s3_server, uri, chunk.path, 100)  # in the first block's frames
     ds = StreamingDataset(uri, storage_options=s3_server.options, cache_dir=str(tmp_path / "c"))
     with pytest.raises(txstore.ChecksumError, match=chunk.path):
         next(iter(ds))

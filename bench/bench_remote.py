@@ -472,6 +472,8 @@ def child_main(task: Task, control_port: int) -> dict[str, Any]:
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
     used = sum((u.ru_utime + u.ru_stime) for u in (self_usage, kids))
     result["client_cpu_s"] = used - (start.ru_utime + start.ru_stime)
+    # The kernel's share (network receive, cache-file writes, page faults) apart.
+    result["client_sys_s"] = self_usage.ru_stime + kids.ru_stime - start.ru_stime
     result["cpu_window"] = "task"  # runs before this field counted the child's imports too
     return result
 

@@ -1464,13 +1464,15 @@ def remote_section(report: Report, plots: Plots) -> str:
         if kind != "s3" or task not in ("cold", "dl") or "error" in r:
             continue
         rows.append([f"{ms:g} ms", wl, REMOTE_TASKS[task], REMOTE_NAMES[system],
-                     f"{r['seconds']:.1f}", f"{r['client_cpu_s']:.1f}", f"{r['proxy_cpu_s']:.1f}",
+                     f"{r['seconds']:.1f}", f"{r['client_cpu_s']:.1f}",
+                     fmt(r.get("client_sys_s"), ".1f"), f"{r['proxy_cpu_s']:.1f}",
                      f"{r['server_cpu_s']:.1f}", fmt(_busy(r), ".2f"), str(r["peak_connections"]),
                      str(r["peak_in_flight"])])  # fmt: skip
     if rows:
         parts.append("### What bounds each run\n")
         parts.append(
-            "Wall time against CPU seconds (client: the reading process and its workers; proxy; "
+            "Wall time against CPU seconds (client: the reading process and its workers, and of "
+            "that the kernel's time for them: receiving, writing the cache, page faults; proxy; "
             "server; cores: all three ÷ wall), and the most connections and requests in flight "
             f"at once. A run whose cores figure is close to the machine's {cores} is bound by "
             "CPU; one with few requests in flight, by round trips and the per-connection "
@@ -1483,6 +1485,7 @@ def remote_section(report: Report, plots: Plots) -> str:
                     "system",
                     "wall s",
                     "client cpu s",
+                    "of it kernel",
                     "proxy cpu s",
                     "server cpu s",
                     "cores",

@@ -109,11 +109,12 @@ class ChunkCache:
             logger.warning("cache folder not cleaned: %s", e)
 
     def holds(self, chunk: ChunkRef) -> bool:
-        """Whether every file of ``chunk`` is in the folder already."""
-        return all(
-            os.path.exists(os.path.join(self.local.root, *src.path.split("/")))
-            for src in chunk_files(chunk)
-        )
+        """Whether every file of ``chunk`` is in the folder already (False where the folder
+        cannot tell: ``fetch`` then finds out)."""
+        try:
+            return all(self.local.exists(src.path) for src in chunk_files(chunk))
+        except StorageError:
+            return False
 
     def fetch(self, chunk: ChunkRef, version: int, head: Head | None = None) -> Fetched:
         """The chunk, from the folder or downloaded; ``head``: bytes of it a reader is

@@ -226,9 +226,6 @@ class _ChunkFetcher:
         self._futures: dict[int, Future[Fetched]] = {}
         self._held = False
         self._lock = threading.Lock()
-        # The first chunk's fetch, when ``head`` started it, and the bytes it takes from there.
-        self._early: tuple[ChunkRef, Future[Fetched]] | None = None
-        self._heads: dict[str, Head] = {}
 
     def _map(self, chunk: ChunkRef) -> Mapped:
         """A local chunk's files mapped on the decoding thread (a failure kept for ``_fetch``
@@ -249,15 +246,17 @@ class _ChunkFetcher:
         if self._cache is None:
             return self._remote.fetch(chunk, version, fields, digest, mapped)
         # Downloaded whole and checked once against the digest, before it is decoded.
-        return self._cache.fetch(chunk, version, self._heads.pop(chunk.path, None))
+        return self._cache.fetch(chunk, version)
 
-    def head(self, chunk: ChunkRef, start: int, stop: int) -> Fetched | None:
+    def head(
+        self, chunk: ChunkRef, start: int, stop: int
+    ) -> tuple[Fetched, Future[Fetched]] | None:
         """Samples [start, stop) of a remote chunk not in the cache, read as their blocks
         alone (the footer, then the blocks' ranges at once: two round trips), while the whole
         chunk downloads on a fetch thread (which takes those bytes from here rather than
-        from the store): the first batch need not wait for 64 MiB. None when the chunk is
-        read otherwise (local, cached, with field files, or when the blocks are most of it).
-        Call before ``stream``, which then goes on with the fetch started here."""
+        from the store): the first batch need not wait for 64 MiB. Returns them and that
+        whole chunk's fetch, for ``stream`` to go on with; None when the chunk is read
+        otherwise (local, cached, with field files, or when the blocks are most of it)."""
         files = chunk_files(chunk)
         if (
             self._cache is None
@@ -272,8 +271,7 @@ class _ChunkFetcher:
         if not ranges or not adjacent or ranges[-1][1] - ranges[0][0] > src.size // 2:
             return None
         head = Head(src.path, ranges[0][0], ranges[-1][1], Future())
-        self._heads[src.path] = head
-        self._early = (chunk, self._pool.submit(self._fetch, chunk, False, None))
+        whole = self._pool.submit(self._cache.fetch, chunk, version, head)
         try:
             pieces = self._snapshot.storage.read_ranges(src.path, ranges)
         except BaseException as e:
@@ -281,7 +279,7 @@ class _ChunkFetcher:
             raise
         # The ranges are adjacent: the download writes them as one piece.
         head.data.set_result(pieces[0] if len(pieces) == 1 else b"".join(pieces))
-        return Fetched.of_ranges(src, layout, ranges, pieces)
+        return Fetched.of_ranges(src, layout, ranges, pieces), whole
 
     def release(self, chunk: ChunkRef) -> None:
         if self._cache is None:
@@ -290,13 +288,18 @@ class _ChunkFetcher:
             self._cache.release(chunk)
 
     def stream(
-        self, chunks: list[ChunkRef], hold: bool = False
+        self,
+        chunks: list[ChunkRef],
+        hold: bool = False,
+        started: Future[Fetched] | None = None,
     ) -> Generator[tuple[ChunkRef, Fetched], None, None]:
         """(chunk, fetched bytes) in order, keeping ``ahead`` fetches in flight. With ``hold``,
         the first chunk is fetched alone until ``go_ahead()`` (or the second chunk is asked
         for): on a cold disk, chunks read ahead slow the first one's reads (W1, 2 workers, to
-        the first batch: 0.17-0.25 s without holding, 0.14-0.19 s with)."""
-        self._chunks, self._futures, self._held = chunks, {}, hold
+        the first batch: 0.17-0.25 s without holding, 0.14-0.19 s with). ``started``: the
+        first chunk's fetch, already under way (``head``)."""
+        self._chunks, self._held = chunks, hold
+        self._futures = {} if started is None else {0: started}
         try:
             for i, chunk in enumerate(chunks):
                 if i:
@@ -316,9 +319,6 @@ class _ChunkFetcher:
     def _submit_from(self, i: int) -> None:
         last = i if self._held else min(len(self._chunks) - 1, i + self._ahead)
         for j in range(i, last + 1):
-            if j == 0 and self._early is not None and self._early[0] is self._chunks[0]:
-                self._futures[j] = self._early[1]
-                self._early = None
             if j not in self._futures:
                 # The first chunk is checked frame by frame as it is decoded, so that the
                 # first sample does not wait for the whole file to be read and hashed (cold:
@@ -339,9 +339,6 @@ class _ChunkFetcher:
         return all(storage.is_cached(src.path) for src in chunk_files(chunk) if not src.hidden)
 
     def close(self) -> None:
-        for head in self._heads.values():  # a fetch waiting on bytes never read
-            if not head.data.done():
-                head.data.set_exception(TxstoreError("the read was closed"))
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._cached_pool.shutdown(wait=True, cancel_futures=True)
         if self._cache is not None:
@@ -752,23 +749,23 @@ class StreamingDataset(SnapshotDataset):
         flat = [p for window in windows for p in window]
         chunks = [self._chunks[p.chunk] for p in flat]
         held = self._first_batch
-        head = head_stop = None
+        head = started = None
+        head_stop = 0
         if not self.shuffle and not skip and flat:
             # A remote chunk's first batch, read as its blocks while the chunk downloads.
             head_stop = min(flat[0].stop, flat[0].start + held)
             try:
-                head = fetcher.head(chunks[0], flat[0].start, head_stop)
+                head, started = fetcher.head(chunks[0], flat[0].start, head_stop) or (None, None)
             except BaseException:
                 fetcher.close()
                 raise
         # Without shuffle, the first sample needs only the first chunk's first block.
-        stream = fetcher.stream(chunks, hold=not self.shuffle)
+        stream = fetcher.stream(chunks, hold=not self.shuffle, started=started)
         try:
             if not self.shuffle:  # nothing to reorder: yield as blocks decode
                 for number, piece in enumerate(flat):
                     start, first = piece.start, None
                     if number == 0 and head is not None:
-                        assert head_stop is not None
                         first = reader.samples(head, chunks[0], version, start, head_stop, views)
                         start = head_stop
                     rows = snapshot.handle_missing(

@@ -46,7 +46,7 @@ class Rule:
     """What to do with the replies to requests that ``match``, at most ``times`` times."""
 
     match: Callable[[Request], bool]
-    action: str  # "drop", "delay", "lose" or "late"
+    action: str  # "drop", "delay", "lose", "late" or "cut" (half the reply's body, then close)
     times: int = 1
     delay: float = 0.0
     held: tuple[str, bytes] | None = None  # "late": the object and bytes of the held request
@@ -303,6 +303,9 @@ class Proxy:
                     self._deliver(rule.held)
                 elif rule is not None and rule.action == "drop":
                     return  # the server answered; the client never hears it
+                elif rule is not None and rule.action == "cut":
+                    client.sendall(raw + body[: len(body) // 2])
+                    return  # the connection breaks mid-reply
                 elif rule is not None and rule.action == "delay":
                     time.sleep(rule.delay)  # bounded: the rule's delay, once per reply
                 with self._lock:  # before the client can see it, and so send the next

@@ -131,8 +131,9 @@ class StorageSuite:
             storage.read_ranges("chunks/absent.chunk", [(0, 4), (4, 8)])
 
     def test_read_ranges_into_hands_each_range_over_once(self, storage: Storage) -> None:
-        """The parts of a chunk as they arrive (any order, any thread), each at its start:
-        written into a file at those offsets they make the object again."""
+        """The bytes of a chunk's parts as they arrive (any order, any thread, a part in one
+        call or several), each at its offset: written into a file there they make the object
+        again, every byte once."""
         payload = os.urandom(3 * 1024 * 1024 + 17)
         storage.write("chunks/into.chunk", payload)
         step = len(payload) // 40 + 1
@@ -142,16 +143,30 @@ class StorageSuite:
         lock = threading.Lock()
         given: list[tuple[int, bytes]] = []
 
-        def put(start: int, data: bytes) -> None:
+        def put(start: int, pieces: list[bytes]) -> None:
             with lock:
-                given.append((start, bytes(data)))
+                given.append((start, b"".join(pieces)))
+
+        def tiles(calls: list[tuple[int, bytes]], start: int) -> bytes:
+            """The calls' bytes, checked to follow each other from ``start`` on."""
+            out = b""
+            for offset, data in sorted(calls):
+                assert offset == start + len(out)
+                out += data
+            return out
 
         storage.read_ranges_into("chunks/into.chunk", ranges, put)
-        assert sorted(given) == [(start, payload[start:end]) for start, end in ranges]
+        for start, end in ranges:  # disjoint: each call lies in one of them
+            assert tiles([c for c in given if start <= c[0] < end], start) == payload[start:end]
+        assert sum(len(data) for _, data in given) == len(payload)
+        given.clear()
+        # one range far larger than a backend hands over at once
+        storage.read_ranges_into("chunks/into.chunk", [(5, len(payload))], put)
+        assert tiles(given, 5) == payload[5:]
         with pytest.raises(NotFoundError):
             storage.read_ranges_into("chunks/absent.chunk", [(0, 4), (4, 8)], put)
 
-        def refuse(start: int, data: bytes) -> None:
+        def refuse(start: int, pieces: list[bytes]) -> None:
             if start:
                 raise OSError(f"no room for the part at {start}")
 

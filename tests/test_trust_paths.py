@@ -18,6 +18,8 @@ from typing import Any
 
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import txstore
 from txstore.errors import CorruptError
@@ -460,3 +462,26 @@ def test_a_segment_node_among_many_good_paths_refuses_the_one_bad_one(bad: str) 
     data = fmt.encode(fmt.SegmentNode(segments=refs))
     with pytest.raises(CorruptError, match=r"^node\.json names (an unsafe path|a data file ou)"):
         fmt.decode(data, fmt.SegmentNode, "node.json")
+
+
+_PIECES = ["chunks/", "segments/", "a", "Z9_-", ".", "/", "\n", "é", "..", "x.chunk", ""]
+
+
+@given(
+    st.lists(st.lists(st.sampled_from(_PIECES), max_size=5).map("".join), max_size=6),
+    st.sampled_from(fmt.DATA_PREFIXES),
+)
+@settings(max_examples=2000, deadline=None)
+def test_the_one_pass_check_agrees_with_the_check_of_each_path(
+    paths: list[str], folder: str
+) -> None:
+    assert fmt._all_data_paths(paths, folder) == all(fmt.is_data_path(p, folder) for p in paths)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["chunks/", "chunks//a", "chunks/a/", "xchunks/a", "chunks/é.chunk", "chunks/a b", "/chunks/a"],
+)
+def test_the_one_pass_check_refuses_each_kind_of_bad_name(bad: str) -> None:
+    assert fmt._all_data_paths(["chunks/good.chunk"] * 3, fmt.CHUNKS)
+    assert not fmt._all_data_paths(["chunks/good.chunk", bad, "chunks/good.chunk"], fmt.CHUNKS)

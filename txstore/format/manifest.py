@@ -107,6 +107,8 @@ _DATA_LINES = {
 def _all_data_paths(paths: list[str], folder: str) -> bool:
     """Whether every path lies directly in ``folder``: one match over them all, not one a
     path (a leaf segment names hundreds of chunks, and every open reads one)."""
+    if not paths:
+        return True
     lines = "\n".join(paths) + "\n"
     # A path holding a newline would pass as two names: the count of lines rules it out.
     return lines.count("\n") == len(paths) and _DATA_LINES[folder].fullmatch(lines) is not None
@@ -334,14 +336,15 @@ def check_segment(
             raise CorruptError(f"{where} is a segment node, its reference says a segment")
         if not doc.segments:
             raise CorruptError(f"{where} is a segment node naming no segments")
-        for child in doc.segments:
-            if child.level != ref.level - 1:
-                raise CorruptError(
-                    f"{where} is a segment node of level {ref.level} naming {child.path!r} "
-                    f"at level {child.level}, not {ref.level - 1}"
-                )
-        starts = list(accumulate((c.num_samples for c in doc.segments), initial=0))
-        chunks = sum(c.num_chunks for c in doc.segments)
+        children = doc.segments
+        if [c.level for c in children].count(ref.level - 1) != len(children):
+            child = next(c for c in children if c.level != ref.level - 1)
+            raise CorruptError(
+                f"{where} is a segment node of level {ref.level} naming {child.path!r} "
+                f"at level {child.level}, not {ref.level - 1}"
+            )
+        starts = list(accumulate([c.num_samples for c in children], initial=0))
+        chunks = sum([c.num_chunks for c in children])
     if starts[-1] != ref.num_samples or chunks != ref.num_chunks:
         raise CorruptError(
             f"{where} holds {chunks} chunks and {starts[-1]} samples, its reference says "

@@ -52,6 +52,19 @@ def run_all(loop: Any, makes: Sequence[Callable[[], Awaitable[_T]]], limit: int)
     return result
 
 
+#: How much of a streamed reply is gathered before it is handed to ``put``: one write of
+#: the buffers received (no join), not one per buffer of 64-256 KiB.
+HAND_OVER_BYTES = 1 << 20
+
+
+async def hand_over(
+    put: Callable[[int, list[bytes]], None], offset: int, pieces: list[bytes]
+) -> None:
+    """``put(offset, pieces)`` on a thread of the loop's executor: the loop goes on reading
+    the other ranges (and the rest of this one) while these bytes are written."""
+    await asyncio.get_running_loop().run_in_executor(None, put, offset, pieces)
+
+
 class LoopReads:
     """``read_ranges`` and ``read_many`` for a backend whose client runs on an event loop.
     The backend gives ``_fs`` (its fsspec filesystem), ``max_in_flight``, and two coroutines
@@ -81,23 +94,22 @@ class LoopReads:
         makes = [partial(self._read_range, key, start, end) for start, end in ranges]
         return run_all(self._fs.loop, makes, self.max_in_flight)
 
+    async def _read_range_into(
+        self, key: str, start: int, end: int, put: Callable[[int, list[bytes]], None]
+    ) -> None:
+        """Bytes [start, end) handed to ``put`` (``Storage.read_ranges_into``); a backend
+        that can stream a reply hands them over as they arrive. This one reads them whole."""
+        await hand_over(put, start, [await self._read_range(key, start, end)])
+
     def read_ranges_into(
-        self, key: str, ranges: Sequence[tuple[int, int]], put: Callable[[int, bytes], None]
+        self, key: str, ranges: Sequence[tuple[int, int]], put: Callable[[int, list[bytes]], None]
     ) -> None:
         if any(end <= start for start, end in ranges):
             for start, end in ranges:
-                put(start, self.read_range(key, start, end))
+                put(start, [self.read_range(key, start, end)])
             return
-
-        async def one(start: int, end: int) -> None:
-            data = await self._read_range(key, start, end)
-            # On a thread of the loop's executor: the loop goes on reading the other ranges
-            # while this one is written.
-            await asyncio.get_running_loop().run_in_executor(None, put, start, data)
-
-        run_all(
-            self._fs.loop, [partial(one, start, end) for start, end in ranges], self.max_in_flight
-        )
+        makes = [partial(self._read_range_into, key, start, end, put) for start, end in ranges]
+        run_all(self._fs.loop, makes, self.max_in_flight)
 
     def read_many(self, keys: Sequence[str]) -> list[bytes | None]:
         makes = [partial(self._read_or_none, key) for key in keys]

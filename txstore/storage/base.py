@@ -116,14 +116,16 @@ class Storage(ABC):
         return [self.read_range(key, start, end) for start, end in ranges]
 
     def read_ranges_into(
-        self, key: str, ranges: Sequence[tuple[int, int]], put: Callable[[int, bytes], None]
+        self, key: str, ranges: Sequence[tuple[int, int]], put: Callable[[int, list[bytes]], None]
     ) -> None:
-        """``read_ranges``, each range handed to ``put(start, data)`` as it arrives (in any
-        order, on any thread; ``put`` may be called for several ranges at once) and then let
-        go: a chunk downloaded into a file is never whole in memory. Returns once every
-        ``put`` has returned; the first failure, of a read or a ``put``, is raised."""
+        """``read_ranges``, the bytes of each range handed to ``put(offset, pieces)`` as they
+        arrive and then let go: ``pieces`` are consecutive buffers from ``offset`` on, a range
+        in one call or several (in any order, on any thread; ``put`` may be called for several
+        ranges at once). A chunk downloaded into a file is never whole in memory, and a
+        backend that streams need not join what it received. Returns once every ``put`` has
+        returned; the first failure, of a read or a ``put``, is raised."""
         for (start, _end), data in zip(ranges, self.read_ranges(key, ranges), strict=True):
-            put(start, data)
+            put(start, [data])
 
     def read_range_view(self, key: str, start: int, end: int) -> bytes | memoryview:
         """As ``read_range``; where a backend can, a view of a mapped file instead of a copy.

@@ -199,14 +199,21 @@ class Staged:
     def _error(self, e: OSError) -> StorageError:
         return StorageError(f"cannot write {self._storage.root}/{self._key}: {e}")
 
-    def put(self, offset: int, data: bytes | memoryview) -> None:
-        """Write ``data`` at ``offset`` (plain writes: no early writeback, which would only
-        make a disk busy for a file that needs no durability)."""
-        view = memoryview(data)
+    def put(self, offset: int, data: bytes | memoryview | Iterable[bytes | memoryview]) -> None:
+        """Write ``data`` (a buffer, or consecutive buffers: one ``pwritev``, no join) at
+        ``offset`` (plain writes: no early writeback, which would only make a disk busy for
+        a file that needs no durability)."""
+        buffers = [data] if isinstance(data, (bytes, memoryview)) else data
+        views = [memoryview(b) for b in buffers]
         try:
-            while view:
-                written = os.pwrite(self._fd, view, offset)
-                view, offset = view[written:], offset + written
+            while views:
+                written = os.pwritev(self._fd, views[:_IOV_MAX], offset)
+                offset += written
+                while views and written >= len(views[0]):  # short writes: go on after them
+                    written -= len(views[0])
+                    views.pop(0)
+                if views and written:
+                    views[0] = views[0][written:]
         except OSError as e:
             raise self._error(e) from e
 
@@ -495,10 +502,7 @@ class LocalStorage(Storage):
         check what they read against its checksums; a 64 MiB fsync per cached chunk would
         bound how fast a remote store streams."""
         with self.stage_unsynced(key) as staged:
-            offset = 0
-            for buffer in [data] if isinstance(data, bytes) else data:
-                staged.put(offset, buffer)
-                offset += len(buffer)
+            staged.put(0, data)
             staged.publish()
 
     def stage_unsynced(self, key: str) -> Staged:

@@ -8,18 +8,56 @@ every server names the failed condition in its error body.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import s3fs
 
 from ..errors import AlreadyExistsError, NotFoundError, RefChangedError, StorageError
-from .aio import LoopReads, run
+from .aio import HAND_OVER_BYTES, LoopReads, hand_over, run
 from .base import Data, FileInfo, Storage, join
 
 #: Connections the client keeps per endpoint: a chunk streams as several ranged GETs at once,
 #: and a DataLoader worker reads two chunks ahead (aiobotocore's own default is 10).
 _POOL_CONNECTIONS = 32
+
+
+class _PutFailed(Exception):
+    """A ``put`` of ``read_ranges_into`` failed: raised as itself, never retried as a read."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+async def _hand_over(
+    put: Callable[[int, list[bytes]], None], offset: int, pieces: list[bytes]
+) -> None:
+    try:
+        await hand_over(put, offset, pieces)
+    except Exception as e:
+        raise _PutFailed(e) from e
+
+
+#: Times a ranged read whose reply breaks off is asked for (s3fs's own reads: 5).
+_READ_ATTEMPTS = 5
+
+
+async def _received(body: Any) -> AsyncIterator[bytes]:
+    """A reply's body in the buffers it arrived in. aiohttp's reader hands each over whole
+    (``readchunk``); the body's own ``read(n)`` joins what is buffered into a new one."""
+    content: Any = getattr(body.raw_stream, "content", None)
+    if not hasattr(content, "readchunk"):  # another HTTP client under aiobotocore
+        while piece := await body.read(HAND_OVER_BYTES):
+            yield piece
+        return
+    while True:
+        piece, at_chunk_end = await content.readchunk()
+        if piece:
+            yield piece
+        elif not at_chunk_end:  # the end of the body
+            return
 
 
 def _http_status(exc: BaseException) -> int | None:
@@ -93,6 +131,43 @@ class S3Storage(LoopReads, Storage):
 
     def read_range(self, key: str, start: int, end: int) -> bytes:
         return run(self._fs.loop, lambda: self._read_range(key, start, end))
+
+    async def _read_range_into(
+        self, key: str, start: int, end: int, put: Callable[[int, list[bytes]], None]
+    ) -> None:
+        """The reply streamed to ``put`` a megabyte at a time, in the buffers it arrived in:
+        a 64 MiB chunk's parts are never joined into buffers of their own (a copy of every
+        byte, into fresh memory) before they are written. A reply that breaks off is asked
+        for again from its start (``put`` then writes the same bytes again), as s3fs's own
+        reads are; the request itself is retried by s3fs."""
+        for attempt in range(1, _READ_ATTEMPTS + 1):
+            try:
+                response = await self._fs._call_s3(
+                    "get_object",
+                    Bucket=self._bucket,
+                    Key=self._object_key(key),
+                    Range=f"bytes={start}-{end - 1}",
+                )
+            except Exception as e:
+                raise self._fail("read", key, e) from e
+            try:
+                async with response["Body"] as body:
+                    offset, pieces, held = start, [], 0
+                    async for piece in _received(body):
+                        pieces.append(piece)
+                        held += len(piece)
+                        if held >= HAND_OVER_BYTES:
+                            await _hand_over(put, offset, pieces)
+                            offset, pieces, held = offset + held, [], 0
+                    if pieces:
+                        await _hand_over(put, offset, pieces)
+                return
+            except _PutFailed as e:
+                raise e.error from None
+            except Exception as e:  # the reply broke off (a reset, a timeout, cut short)
+                if attempt == _READ_ATTEMPTS:
+                    raise self._fail("read", key, e) from e
+                await asyncio.sleep(0.1 * 2**attempt)
 
     def write(self, key: str, data: Data) -> None:
         try:

@@ -211,7 +211,7 @@ class ChunkCache:
         a warning, ``into`` discarded) when a part cannot be written (a full disk)."""
         failed: list[StorageError] = []
 
-        def put(start: int, data: bytes) -> None:
+        def put(start: int, data: list[bytes]) -> None:
             if not failed:
                 try:
                     into.put(start, data)
@@ -230,7 +230,7 @@ class ChunkCache:
             if len(data) != head.end - head.start:
                 where = f"chunk {self.remote.storage.uri}/{src.path} (version {version})"
                 raise CorruptError(f"{where} is shorter than its manifest says")
-            put(head.start, data)
+            put(head.start, [data])
         if failed:
             logger.warning("chunk not kept in the cache, read again when needed: %s", failed[0])
             into.discard()

@@ -329,7 +329,7 @@ def check_segment(
                 raise CorruptError(f"{where} is not a valid segment: it has no count per chunk")
             starts = list(accumulate(doc.counts, initial=0))
         else:
-            starts = list(accumulate((c.num_samples for c in doc.chunks), initial=0))
+            starts = list(accumulate([c.num_samples for c in doc.chunks], initial=0))
         chunks = len(doc.chunks)
     else:
         if ref.level == 0:
@@ -373,7 +373,7 @@ class Manifest(_Document, tag="manifest", kw_only=True, frozen=True):
 
     def __post_init__(self) -> None:
         # Cheap here, and what makes ``len()`` of a snapshot agree with its samples.
-        total = sum(s.num_samples for s in self.segments)
+        total = sum([s.num_samples for s in self.segments])
         if total != self.num_samples:
             raise ValueError(
                 f"num_samples is {self.num_samples}, its segments hold {total} samples"

@@ -604,7 +604,7 @@ class Snapshot(Sequence[Sample]):
         self._reader = reader
         self._fields = None if fields is None else frozenset(fields)
         self._segment_starts = list(
-            accumulate((s.num_samples for s in manifest.segments), initial=0)
+            accumulate([s.num_samples for s in manifest.segments], initial=0)
         )
         # The manifest's own segments (level 0) by number: indexing goes no further.
         self._loaded: dict[int, Leaf] = {}

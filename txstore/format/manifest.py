@@ -138,7 +138,11 @@ DEFAULT_BLOCK_BYTES = 64 * 2**10
 DEFAULT_COMPRESSION_LEVEL = 3
 
 
-class StoreConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=False):
+# Documents and references are ``gc=False``: decoded they are trees of values, never cycles, so
+# the cycle collector need not track them. A segment of hundreds of references then counts
+# for nothing toward the collector's thresholds, whose full passes over a large heap (torch's
+# modules: some 80 ms here) otherwise fall inside an open.
+class StoreConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=False, gc=False):
     chunk_bytes: Size
     block_bytes: Size
     compression: Literal["zstd"] | None
@@ -150,7 +154,7 @@ def _check_offset(footer_offset: int, size: int) -> None:
         raise ValueError(f"footer_offset {footer_offset} is past the file's size {size}")
 
 
-class FieldFile(msgspec.Struct, frozen=True, kw_only=True):
+class FieldFile(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """Columns added to a chunk later (``add_fields``): a chunk-format file of the same blocks.
 
     Its blocks hold exactly the samples of the chunk's blocks, in order; ``columns`` are the
@@ -168,7 +172,7 @@ class FieldFile(msgspec.Struct, frozen=True, kw_only=True):
         _check_offset(self.footer_offset, self.size)
 
 
-class ChunkRef(msgspec.Struct, frozen=True, kw_only=True):
+class ChunkRef(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """One chunk file: where, how many samples, and how to check it.
 
     A sample's fields are the chunk file's columns minus ``hidden``, then each field file's
@@ -240,7 +244,7 @@ MAX_SEGMENT_LEVEL = 32
 SegmentLevel = Annotated[int, msgspec.Meta(ge=0, le=MAX_SEGMENT_LEVEL)]
 
 
-class SegmentRef(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+class SegmentRef(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, gc=False):
     """A segment file as a manifest or a segment node names it: at ``level`` 0 a segment (an
     immutable list of chunks), at level k > 0 (1.3) a segment node naming segment files of
     level k - 1. ``num_samples`` and ``num_chunks`` count everything beneath it."""
@@ -253,7 +257,7 @@ class SegmentRef(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     level: SegmentLevel = 0  # omitted at 0: a 1.2 reader sees the references it knows
 
 
-class _Document(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
+class _Document(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", gc=False):
     format: str = FORMAT
     format_version: tuple[FormatNumber, FormatNumber] = (FORMAT_MAJOR, FORMAT_MINOR)
 
@@ -446,7 +450,7 @@ def is_probe_key(key: str) -> bool:
     return key.startswith(CHECKS) and _PROBE_NAME.fullmatch(key[len(CHECKS) :]) is not None
 
 
-class CheckedEndpoint(msgspec.Struct, frozen=True, kw_only=True):
+class CheckedEndpoint(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """One endpoint whose conditional writes passed the check, and when."""
 
     endpoint: str
@@ -472,7 +476,7 @@ class LeaseRecord(_Document, tag="lease", kw_only=True, frozen=True):
     owner: str = ""
 
 
-class ExpiredRange(msgspec.Struct, frozen=True, kw_only=True):
+class ExpiredRange(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """Versions ``first`` to ``last`` (inclusive), expired at ``expired_at``."""
 
     first: Count
@@ -547,12 +551,17 @@ def _own_prefix(kind: type[_Document]) -> bytes:
     )
 
 
+@functools.cache
+def _decoder(kind: type[D]) -> msgspec.json.Decoder[D]:
+    return msgspec.json.Decoder(kind)
+
+
 def decode(data: bytes, kind: type[D], where: str) -> D:
     """Decode a document, telling foreign, newer and damaged documents apart."""
     if not (isinstance(data, bytes) and data.startswith(_own_prefix(kind))):
         _check_envelope(data, where)  # another writer's spelling: its envelope first
     try:
-        doc = msgspec.json.decode(data, type=kind)
+        doc = _decoder(kind).decode(data)
     except msgspec.DecodeError as e:  # ValidationError too; invalid UTF-8 in a string
         raise CorruptError(f"{where} is not a valid {kind.__name__.lower()}: {e}") from e
     if doc.format != FORMAT or doc.format_version[0] > FORMAT_MAJOR:  # a key given twice
@@ -560,6 +569,12 @@ def decode(data: bytes, kind: type[D], where: str) -> D:
         raise CorruptError(f"{where} names its format twice")
     _check_references(doc, where)
     return doc
+
+
+# The decoders of what every open reads are made as the module is imported: a decoder works
+# out its type's layout when made, which is not work for a process's first open.
+for _kind in (Head, Manifest, CommitRecord, Segment, SegmentIndex, SegmentNode, TxnMarker):
+    _decoder(_kind)
 
 
 def _check_references(doc: _Document, where: str) -> None:

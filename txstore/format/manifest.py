@@ -560,8 +560,9 @@ def decode(data: bytes, kind: type[D], where: str) -> D:
     """Decode a document, telling foreign, newer and damaged documents apart."""
     if not (isinstance(data, bytes) and data.startswith(_own_prefix(kind))):
         _check_envelope(data, where)  # another writer's spelling: its envelope first
+    decoder: msgspec.json.Decoder[D] = _decoder(kind)
     try:
-        doc = _decoder(kind).decode(data)
+        doc = decoder.decode(data)
     except msgspec.DecodeError as e:  # ValidationError too; invalid UTF-8 in a string
         raise CorruptError(f"{where} is not a valid {kind.__name__.lower()}: {e}") from e
     if doc.format != FORMAT or doc.format_version[0] > FORMAT_MAJOR:  # a key given twice

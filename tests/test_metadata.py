@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+import uuid
 
 import txstore
 from txstore.storage import MemoryStorage
@@ -49,3 +50,19 @@ def test_manifest_bytes_do_not_grow_with_commits() -> None:
     snap = store.snapshot()
     assert [s["i"] for s in snap] == list(range(1, 1025))
     assert snap[700]["i"] == 701
+
+
+def test_decoded_metadata_is_not_tracked_by_the_cycle_collector() -> None:
+    """A version's manifest, segments and chunk references are trees of values: none of them
+    counts toward the collector's thresholds, whose full passes over a large heap would
+    otherwise fall inside opens and reads."""
+    import gc
+
+    store = txstore.create(f"memory://{uuid.uuid4().hex}", chunk_bytes=4096)
+    for v in range(3):
+        store.append([{"i": i, "pad": b"x" * 100} for i in range(50 * v, 50 * v + 50)])
+    snap = txstore.open(store.uri).snapshot()
+    refs = snap.chunk_refs()
+    assert len(refs) > 3
+    found = [snap.manifest, *snap.manifest.segments, snap.manifest.config, *refs]
+    assert [type(x).__name__ for x in found if gc.is_tracked(x)] == []

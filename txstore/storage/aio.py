@@ -57,12 +57,24 @@ def run_all(loop: Any, makes: Sequence[Callable[[], Awaitable[_T]]], limit: int)
 HAND_OVER_BYTES = 1 << 20
 
 
+class PutFailed(Exception):
+    """A ``put`` of ``read_ranges_into`` failed: a backend passes it on untouched (never
+    retried or reported as a failed read), and ``read_ranges_into`` raises ``error``."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 async def hand_over(
     put: Callable[[int, list[bytes]], None], offset: int, pieces: list[bytes]
 ) -> None:
     """``put(offset, pieces)`` on a thread of the loop's executor: the loop goes on reading
     the other ranges (and the rest of this one) while these bytes are written."""
-    await asyncio.get_running_loop().run_in_executor(None, put, offset, pieces)
+    try:
+        await asyncio.get_running_loop().run_in_executor(None, put, offset, pieces)
+    except Exception as e:
+        raise PutFailed(e) from e
 
 
 class LoopReads:
@@ -109,7 +121,10 @@ class LoopReads:
                 put(start, [self.read_range(key, start, end)])
             return
         makes = [partial(self._read_range_into, key, start, end, put) for start, end in ranges]
-        run_all(self._fs.loop, makes, self.max_in_flight)
+        try:
+            run_all(self._fs.loop, makes, self.max_in_flight)
+        except PutFailed as e:
+            raise e.error from None
 
     def read_many(self, keys: Sequence[str]) -> list[bytes | None]:
         makes = [partial(self._read_or_none, key) for key in keys]

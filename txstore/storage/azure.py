@@ -23,7 +23,7 @@ from azure.core import MatchConditions
 from azure.core.exceptions import HttpResponseError
 
 from ..errors import AlreadyExistsError, NotFoundError, RefChangedError, StorageError
-from .aio import LoopReads, run
+from .aio import LoopReads, PutFailed, hand_over, run
 from .base import Data, FileInfo, Storage, join
 
 _T = TypeVar("_T")
@@ -107,6 +107,24 @@ class AzureStorage(LoopReads, Storage):
             if _status(e) == 416:  # the range starts at or past the end of the blob
                 return b""
             raise self._fail("read", key, e) from e
+
+    async def _read_range_into(
+        self, key: str, start: int, end: int, put: Callable[[int, list[bytes]], None]
+    ) -> None:
+        """The range's chunks as the SDK holds them (``chunks()``), each handed to ``put``:
+        ``readall`` would copy them into a buffer and out again."""
+        offset = start
+        try:
+            blob = self._container.get_blob_client(self._name(key))
+            stream = await blob.download_blob(offset=start, length=end - start, **self._per_request)
+            async for piece in stream.chunks():
+                await hand_over(put, offset, [piece])
+                offset += len(piece)
+        except PutFailed:
+            raise
+        except Exception as e:
+            if _status(e) != 416:  # 416: the range starts at or past the end of the blob
+                raise self._fail("read", key, e) from e
 
     def read(self, key: str) -> bytes:
         try:

@@ -15,29 +15,12 @@ from typing import Any
 import s3fs
 
 from ..errors import AlreadyExistsError, NotFoundError, RefChangedError, StorageError
-from .aio import HAND_OVER_BYTES, LoopReads, hand_over, run
+from .aio import HAND_OVER_BYTES, LoopReads, PutFailed, hand_over, run
 from .base import Data, FileInfo, Storage, join
 
 #: Connections the client keeps per endpoint: a chunk streams as several ranged GETs at once,
 #: and a DataLoader worker reads two chunks ahead (aiobotocore's own default is 10).
 _POOL_CONNECTIONS = 32
-
-
-class _PutFailed(Exception):
-    """A ``put`` of ``read_ranges_into`` failed: raised as itself, never retried as a read."""
-
-    def __init__(self, error: BaseException) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
-async def _hand_over(
-    put: Callable[[int, list[bytes]], None], offset: int, pieces: list[bytes]
-) -> None:
-    try:
-        await hand_over(put, offset, pieces)
-    except Exception as e:
-        raise _PutFailed(e) from e
 
 
 #: Times a ranged read whose reply breaks off is asked for (s3fs's own reads: 5).
@@ -157,13 +140,13 @@ class S3Storage(LoopReads, Storage):
                         pieces.append(piece)
                         held += len(piece)
                         if held >= HAND_OVER_BYTES:
-                            await _hand_over(put, offset, pieces)
+                            await hand_over(put, offset, pieces)
                             offset, pieces, held = offset + held, [], 0
                     if pieces:
-                        await _hand_over(put, offset, pieces)
+                        await hand_over(put, offset, pieces)
                 return
-            except _PutFailed as e:
-                raise e.error from None
+            except PutFailed:
+                raise
             except Exception as e:  # the reply broke off (a reset, a timeout, cut short)
                 if attempt == _READ_ATTEMPTS:
                     raise self._fail("read", key, e) from e

@@ -140,8 +140,8 @@ DEFAULT_COMPRESSION_LEVEL = 3
 
 # Documents and references are ``gc=False``: decoded they are trees of values, never cycles, so
 # the cycle collector need not track them. A segment of hundreds of references then counts
-# for nothing toward the collector's thresholds, whose full passes over a large heap (torch's
-# modules: some 80 ms here) otherwise fall inside an open.
+# for nothing toward the collector's thresholds, whose full passes over a large heap (a
+# process that imported torch) would otherwise fall inside opens.
 class StoreConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=False, gc=False):
     chunk_bytes: Size
     block_bytes: Size
@@ -553,6 +553,7 @@ def _own_prefix(kind: type[_Document]) -> bytes:
 
 @functools.cache
 def _decoder(kind: type[D]) -> msgspec.json.Decoder[D]:
+    # One decoder a type, reused: msgspec works out a type's layout once per decoder.
     return msgspec.json.Decoder(kind)
 
 
@@ -570,12 +571,6 @@ def decode(data: bytes, kind: type[D], where: str) -> D:
         raise CorruptError(f"{where} names its format twice")
     _check_references(doc, where)
     return doc
-
-
-# The decoders of what every open reads are made as the module is imported: a decoder works
-# out its type's layout when made, which is not work for a process's first open.
-for _kind in (Head, Manifest, CommitRecord, Segment, SegmentIndex, SegmentNode, TxnMarker):
-    _decoder(_kind)
 
 
 def _check_references(doc: _Document, where: str) -> None:

@@ -45,6 +45,7 @@ from txbench.peers import (
     import_mds_writer,
     import_txstore,
     no_imports,
+    require_litdata_bytes_layout,
     run_litdata_optimize,
     tiny_sample,
     write_litdata_binarywriter,
@@ -448,6 +449,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def run_throughput(args: argparse.Namespace, report: dict[str, Any]) -> None:
     contenders, missing = importable(selected(args.contenders, CONTENDERS, "key"))
+    if any(c.key.startswith("litdata") for c in contenders):
+        require_litdata_bytes_layout()
     workloads = [scaled(w, args.quick) for w in selected(args.workloads, WORKLOADS, "name")]
     print("payload: distinct os.urandom bytes per sample, pre-generated; generation not timed")
     print("each total = contender's write + fsync of every file it left (peers do not fsync)")

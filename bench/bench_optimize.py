@@ -52,6 +52,7 @@ from txbench.peers import (
     import_litdata,
     import_mds_writer,
     import_txstore,
+    require_litdata_bytes_layout,
     run_litdata_optimize,
     tiny_sample,
 )
@@ -616,6 +617,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     info = machine_info(args.workdir)
     print_machine(info)
     report = new_report("bench_optimize", info, args.quick, repeat=args.repeat)
+    require_litdata_bytes_layout()
     import_txstore()
     import_litdata()
     import_mds_writer()

@@ -40,7 +40,13 @@ from typing import Any
 
 from txbench.measure import check_complete
 from txbench.output import finish_report, fmt, markdown_table, new_report, ratio
-from txbench.peers import import_mds_writer, txstore_append, write_litdata_binarywriter, write_mds
+from txbench.peers import (
+    import_mds_writer,
+    require_litdata_bytes_layout,
+    txstore_append,
+    write_litdata_binarywriter,
+    write_mds,
+)
 from txbench.system import (
     TXSTORE_SRC_ENV,
     dataset_files,
@@ -1314,6 +1320,8 @@ def run_bench(args: argparse.Namespace, txstore_digest: str) -> None:
     )
     describe_method(args)
     variants = selected_variants(args)
+    if any(v.store == "litdata" for v in variants):
+        require_litdata_bytes_layout()
     workloads = [scaled(w, args.quick) for w in selected(args.workloads, WORKLOADS, "name")]
     runs: dict[RunKey, list[dict[str, Any]]] = {}
     written: dict[str, Any] = {}

@@ -51,7 +51,12 @@ from pathlib import Path
 from typing import Any
 
 from txbench.output import finish_report, fmt, markdown_table, new_report
-from txbench.peers import import_mds_writer, run_litdata_optimize, write_mds
+from txbench.peers import (
+    import_mds_writer,
+    require_litdata_bytes_layout,
+    run_litdata_optimize,
+    write_mds,
+)
 from txbench.servers import wait_for
 from txbench.shaper import Shaper
 from txbench.system import (
@@ -966,6 +971,8 @@ def run_bench(args: argparse.Namespace, digest: str) -> None:
     info = machine_info(args.workdir) | {"txstore_frozen_sha256": digest}
     print_machine(info)
     print(f"txstore copied at start (sha256 of its .py files {digest}): every child imports it")
+    if "litdata" in args.systems:
+        require_litdata_bytes_layout()
     os.environ.update(CREDENTIALS)
     results: dict[Key, list[dict[str, Any]]] = {}
     latencies = [args.latency_ms, *args.extra]

@@ -32,6 +32,22 @@ def import_txstore() -> None:
     import txstore  # noqa: F401
 
 
+def require_litdata_bytes_layout() -> None:
+    """Refuse to measure LitData where pyarrow is importable: LitData then writes and reads
+    its Arrow row layout, several times slower to read than the bytes layout these
+    benchmarks compare against (bench/README.md, "Why harnesses disagree"). Only
+    ``reconcile_w2.py`` measures that layout, in processes of their own."""
+    import importlib.util
+
+    if importlib.util.find_spec("pyarrow") is not None:
+        raise SystemExit(
+            "pyarrow is importable in this environment, so LitData would use its Arrow "
+            "layout: run without LitData, or keep pyarrow out of the venv (install it with "
+            "pip --target into a folder of its own and put that on PYTHONPATH only for "
+            "bench_arrow.py, bench_import.py and bench_fields.py --vs-lance)"
+        )
+
+
 def import_litdata() -> None:
     from litdata import optimize  # noqa: F401
     from litdata.streaming.writer import (  # noqa: F401

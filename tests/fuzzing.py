@@ -48,6 +48,8 @@ import txstore
 from txstore.errors import TxstoreError, VersionExpiredError
 from txstore.format.values import Absent
 
+from . import chunkfiles
+
 STORE = "mid/store"
 VICTIMS = ("victim.txt", "outside/victim.txt", "mid/victim.txt", "mid/sibling/victim.txt")
 ABS = "<absolute path of box/victim.txt>"  # replaced when a mutation is applied
@@ -759,17 +761,12 @@ def _tail_crc(data: bytes, footer_offset: int) -> int:
 def _seal_tail(body: bytes, footer: Any) -> bytes:
     """A chunk file of ``body`` (header and frames) and ``footer``, with a valid trailer."""
     try:
-        fbytes = msgspec.msgpack.encode(footer)
+        return chunkfiles.seal(body, footer)
     except (OverflowError, TypeError, ValueError) as e:
         raise NotApplicable from e
-    return body + fbytes + TRAILER.pack(len(fbytes), crc(fbytes), TRAILER_MAGIC)
 
 
-def _split_chunk(data: bytes) -> tuple[bytes, Any]:
-    length, _, magic = TRAILER.unpack_from(data, len(data) - TRAILER.size)
-    assert magic == TRAILER_MAGIC
-    start = len(data) - TRAILER.size - length
-    return data[:start], msgspec.msgpack.decode(data[start : start + length])
+_split_chunk = chunkfiles.split
 
 
 def _referrers(root: Path, path: str) -> list[tuple[str, Any]]:

@@ -1,4 +1,5 @@
-"""Chunk files byte for byte: frame checksums of format 2 (XXH3-64) and format 1 (CRC-32)."""
+"""Chunk files byte for byte: the packed footer of format 3, the list footer of formats 1 and
+2, frame checksums XXH3-64 (formats 2 and 3) and CRC-32 (format 1)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ from txstore.format.chunk import (
 from txstore.format.codec import FrameCompressor, chunk_digest, crc32
 from txstore.format.values import ABSENT, ValueDecoder
 
+from . import chunkfiles
+
 SAMPLES = [
     {"id": i, "text": f"sample {i} " * (i % 7), "blob": bytes([i % 256]) * (i * 37 % 900)}
     for i in range(300)
@@ -49,31 +52,31 @@ def _chunk() -> bytes:
 
 def _footer(data: bytes) -> tuple[ChunkFooter, int]:
     """The footer and its offset, read per docs/format.md §7 (not through parse_footer)."""
-    length, _crc, magic = struct.unpack_from("<II8s", data, len(data) - 16)
-    assert magic == b"TXSCEND\0"
-    start = len(data) - 16 - length
-    return msgspec.msgpack.decode(data[start : len(data) - 16], type=ChunkFooter), start
+    body, tree = chunkfiles.split(data)
+    return msgspec.convert(tree, ChunkFooter), len(body)
+
+
+def _with_footer(data: bytes, footer: ChunkFooter) -> bytes:
+    """``data`` with ``footer``, laid out as its major lays it (header and trailer to match)."""
+    _, start = _footer(data)
+    header = struct.pack("<4sHH", b"TXSC", footer.major, footer.minor)
+    return chunkfiles.seal(header + data[8:start], msgspec.to_builtins(footer))
 
 
 def _rewrite(data: bytes, major: int, checksum: Any) -> bytes:
     """The same chunk with another major version and frame checksums by ``checksum``."""
-    footer, start = _footer(data)
+    footer, _ = _footer(data)
     blocks = [
         BlockIndex(
             block.num_samples,
-            [
+            tuple(
                 msgspec.structs.replace(f, checksum=checksum(data[f.offset : f.offset + f.length]))
                 for f in block.frames
-            ],
+            ),
         )
         for block in footer.blocks
     ]
-    new_footer = msgspec.msgpack.encode(
-        ChunkFooter(major, 0, footer.num_samples, footer.columns, blocks)
-    )
-    header = struct.pack("<4sHH", b"TXSC", major, 0)
-    trailer = struct.pack("<II8s", len(new_footer), zlib.crc32(new_footer), b"TXSCEND\0")
-    return header + data[8:start] + new_footer + trailer
+    return _with_footer(data, ChunkFooter(major, 0, footer.num_samples, footer.columns, blocks))
 
 
 def _read_all(data: bytes) -> list[dict[str, Any]]:
@@ -105,11 +108,12 @@ def _flip_in_first_frame(data: bytes) -> bytes:
     return data[:at] + bytes([data[at] ^ 0x40]) + data[at + 1 :]
 
 
-def test_format_2_frames_carry_xxh3_of_their_stored_bytes() -> None:
-    data = _chunk()
-    assert struct.unpack_from("<4sHH", data) == (b"TXSC", 2, 0)
+@pytest.mark.parametrize("major", [2, 3])
+def test_frames_carry_xxh3_of_their_stored_bytes(major: int) -> None:
+    data = _chunk() if major == 3 else _rewrite(_chunk(), 2, xxhash.xxh3_64_intdigest)
+    assert struct.unpack_from("<4sHH", data) == (b"TXSC", major, 0)
     footer, _ = _footer(data)
-    assert footer.major == 2
+    assert footer.major == major
     frames = [f for block in footer.blocks for f in block.frames]
     assert len(frames) > 30
     for f in frames:
@@ -117,15 +121,28 @@ def test_format_2_frames_carry_xxh3_of_their_stored_bytes() -> None:
     assert _read_all(data) == SAMPLES
 
 
-def test_format_1_chunks_with_crc32_frames_still_read() -> None:
-    v1 = _rewrite(_chunk(), 1, zlib.crc32)
-    assert _read_all(v1) == SAMPLES
-    # A v1 chunk checked with the v2 checksum would fail: the version picks the checksum.
-    with pytest.raises(ChecksumError):
-        _read_all(_rewrite(_chunk(), 1, xxhash.xxh3_64_intdigest))
+def test_a_chunk_is_written_in_format_3_with_a_packed_footer() -> None:
+    data = _chunk()
+    assert struct.unpack_from("<4sHH", data) == (b"TXSC", 3, 0)
+    start = layout_start(data)
+    stored = data[start : len(data) - 16]
+    packed = msgspec.msgpack.decode(stored)
+    assert len(packed) == 8 and packed[:2] == [3, 0] and packed[4] == []
+    footer, _ = _footer(data)
+    assert sum(b.num_samples for b in footer.blocks) == footer.num_samples == len(SAMPLES)
+    assert len(footer.blocks) > 10
+    # The same bytes as the rules of §7.3 give for these blocks.
+    assert msgspec.msgpack.encode(chunkfiles.pack(msgspec.to_builtins(footer))) == stored
+    # The packed footer is read the same lazily (one block at a time) and whole.
+    tail = data[start:]
+    lazy = parse_footer(tail, "test chunk", lazy=True)
+    assert [tuple(lazy.block_frames(k)) for k in range(len(footer.blocks))] == [
+        b.frames for b in footer.blocks
+    ]
+    assert lazy.footer == parse_footer(tail, "test chunk").footer == footer
 
 
-@pytest.mark.parametrize("major", [1, 2])
+@pytest.mark.parametrize("major", [1, 2, 3])
 def test_a_flipped_byte_in_a_frame_is_caught(major: int) -> None:
     checksum = zlib.crc32 if major == 1 else xxhash.xxh3_64_intdigest
     data = _flip_in_first_frame(_rewrite(_chunk(), major, checksum))
@@ -135,13 +152,11 @@ def test_a_flipped_byte_in_a_frame_is_caught(major: int) -> None:
 
 def _with_block_sizes(data: bytes, sizes: list[int]) -> bytes:
     """The same chunk whose footer gives its blocks these sample counts (checksums valid)."""
-    footer, start = _footer(data)
+    footer, _ = _footer(data)
     blocks = [BlockIndex(n, block.frames) for n, block in zip(sizes, footer.blocks, strict=True)]
-    new_footer = msgspec.msgpack.encode(
-        ChunkFooter(footer.major, footer.minor, sum(sizes), footer.columns, blocks)
+    return _with_footer(
+        data, ChunkFooter(footer.major, footer.minor, sum(sizes), footer.columns, blocks)
     )
-    trailer = struct.pack("<II8s", len(new_footer), zlib.crc32(new_footer), b"TXSCEND\0")
-    return data[:start] + new_footer + trailer
 
 
 @pytest.mark.parametrize("views", [False, True])
@@ -187,12 +202,105 @@ def test_a_frame_that_parses_to_another_count_than_its_block_is_corrupt(
             list(blocks)
 
 
-def test_a_newer_chunk_major_is_refused() -> None:
-    data = _rewrite(_chunk(), 3, xxhash.xxh3_64_intdigest)
-    with pytest.raises(UnsupportedFormatError, match="upgrade txstore"):
-        parse_footer(data[layout_start(data) :], "test chunk")
+@pytest.mark.parametrize("layout", ["packed", "list"])
+def test_a_newer_chunk_major_is_refused(layout: str) -> None:
+    data = _rewrite(_chunk(), 4, xxhash.xxh3_64_intdigest)
+    if layout == "list":  # a major 4 that laid its footer out as majors 1 and 2 did
+        body, tree = chunkfiles.split(data)
+        raw = msgspec.msgpack.encode(tree)
+        data = body + raw + struct.pack("<II8s", len(raw), zlib.crc32(raw), b"TXSCEND\0")
+    for lazy in (False, True):
+        with pytest.raises(UnsupportedFormatError, match=r"4\.0 is newer .* upgrade txstore"):
+            parse_footer(data[layout_start(data) :], "test chunk", lazy=lazy)
     with pytest.raises(UnsupportedFormatError):
         check_header(data, "test chunk")
+
+
+def test_a_reader_of_major_2_refuses_a_format_3_chunk_as_newer() -> None:
+    """Majors 1 and 2 decoded their footer as [major, minor, num_samples, columns, blocks]
+    and checked the major next: format 3 keeps those five, with no blocks, so such a reader
+    refuses it as newer, not as corrupt (the extra items MessagePack arrays of Structs
+    ignore)."""
+    data = _chunk()
+    raw = data[layout_start(data) : len(data) - 16]
+    old = msgspec.msgpack.decode(raw, type=ChunkFooter)
+    assert (old.major, old.num_samples, old.blocks) == (3, len(SAMPLES), [])
+
+
+def _packed_with(data: bytes, items: dict[int, Any]) -> bytes:
+    """``data`` with these items of its packed footer replaced (trailer resealed)."""
+    start = layout_start(data)
+    packed = msgspec.msgpack.decode(data[start : len(data) - 16])
+    for item, value in items.items():
+        packed[item] = value
+    encoded = msgspec.msgpack.encode(packed)
+    trailer = struct.pack("<II8s", len(encoded), zlib.crc32(encoded), b"TXSCEND\0")
+    return data[:start] + encoded + trailer
+
+
+def _packed_parts(data: bytes) -> tuple[list[int], list[int], bytes]:
+    raw = data[layout_start(data) : len(data) - 16]
+    packed = msgspec.msgpack.decode(raw)
+    count = len(packed[6]) // 4
+    return (
+        list(struct.unpack(f"<{count + 1}Q", packed[5])),
+        list(struct.unpack(f"<{count}I", packed[6])),
+        packed[7],
+    )
+
+
+def _broken_packings(data: bytes) -> list[tuple[dict[int, Any], str]]:
+    starts, ends, frames = _packed_parts(data)
+    q = lambda v: struct.pack(f"<{len(v)}Q", *v)  # noqa: E731
+    i = lambda v: struct.pack(f"<{len(v)}I", *v)  # noqa: E731
+    big = [0, 5000, *[5000 - starts[1] + s for s in starts[2:]]]
+    return [
+        ({5: q(starts[:-1])}, "do not describe the same blocks"),  # a start too few
+        ({6: i([*ends, ends[-1]])}, "do not describe the same blocks"),  # a frame end too many
+        ({6: i(ends)[:-1]}, "do not describe the same blocks"),  # a ragged array
+        ({5: q([1, *starts[1:]])}, "start outside its samples"),
+        ({5: q([*starts[:-2], 2**64 - 1, starts[-1]])}, "start outside its samples"),
+        ({5: q([0, 0, *starts[2:]])}, "1 to 4096 samples"),  # a block of none
+        ({5: q([0, starts[2], starts[1], *starts[3:]])}, "1 to 4096 samples"),  # backwards
+        ({5: q(big), 2: big[-1]}, "1 to 4096 samples"),  # a block of 5000
+        ({6: i([ends[1], ends[0], *ends[2:]])}, "do not follow"),
+        ({7: frames[:-1]}, "end at"),
+        ({7: frames + b"\x90"}, "end at"),
+        ({4: [[1, []]]}, "length <= 0"),  # blocks listed as in majors 1 and 2
+    ]
+
+
+@pytest.mark.parametrize("case", range(12))
+@pytest.mark.parametrize("lazy", [False, True])
+def test_a_packed_footer_that_breaks_its_rules_is_corrupt(case: int, lazy: bool) -> None:
+    """Every rule of §7.3 a packed footer can break with its checksum valid (a crafted file,
+    a writer's bug): refused when the chunk is opened, lazily or whole, naming it."""
+    data = _chunk()
+    items, why = _broken_packings(data)[case]
+    bad = _packed_with(data, items)
+    with pytest.raises(CorruptError, match=f"test chunk: bad chunk footer: .*{why}"):
+        parse_footer(bad[layout_start(bad) :], "test chunk", lazy=lazy)
+
+
+def test_a_packed_footer_with_a_bad_block_is_refused_when_that_block_is_read() -> None:
+    """A block whose frames do not decode, or break a rule, in a footer that is otherwise
+    sound: a lazy reader opens the chunk and refuses that block when it reaches it; a
+    whole reader refuses the chunk."""
+    data = _chunk()
+    _, ends, frames = _packed_parts(data)
+    one = ends[1] - ends[0]
+    for block in (
+        b"\xc1" * one,  # not MessagePack
+        msgspec.msgpack.encode([[9, 8, 1, 1, 0, 0, 0]]).ljust(one, b"\x90"),  # trailing bytes
+    ):
+        bad = _packed_with(data, {7: frames[: ends[0]] + block + frames[ends[1] :]})
+        tail = bad[layout_start(bad) :]
+        lazy = parse_footer(tail, "test chunk", lazy=True)
+        lazy.block_frames(0)
+        with pytest.raises(CorruptError, match="test chunk: bad chunk footer"):
+            lazy.block_frames(1)
+        with pytest.raises(CorruptError, match="test chunk: bad chunk footer"):
+            parse_footer(tail, "test chunk")
 
 
 @pytest.mark.parametrize("bad_at", [0, 1, 7])

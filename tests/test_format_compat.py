@@ -44,6 +44,9 @@ def test_the_kept_store_is_format_1_2() -> None:
     for path in sorted((STORE / "versions").glob("*.json")):
         assert json.loads(path.read_bytes())["format_version"] == [1, 2], path
     assert len(list((STORE / "chunks").iterdir())) > 2  # several chunks and field files
+    # Chunk files of major 2: footers listing their blocks, not packed (docs/format.md §7.3).
+    for path in (STORE / "chunks").iterdir():
+        assert path.read_bytes()[:8] == b"TXSC\x02\x00\x00\x00", path
 
 
 def test_reads_every_version_of_a_format_1_2_store(store: txstore.Store) -> None:
@@ -80,3 +83,21 @@ def test_verify_and_append_to_a_format_1_2_store(store: txstore.Store) -> None:
         sample(FIRST + SECOND - 1)
     )
     assert reopened.verify().problems == []
+
+
+def test_a_format_1_2_store_takes_new_chunks_and_fields_beside_its_old_ones(
+    store: txstore.Store,
+) -> None:
+    """Chunks of major 2 and of major 3 (packed footers) in one version: field files of
+    the current major added over old chunks, read whole and one sample at a time, verified."""
+    store.append([sample(100 + i) for i in range(5)])
+    store.add_fields(lambda s: {"triple": 3 * s["id"]}, ["triple"])
+    root = Path(store.uri)
+    majors = {p.read_bytes()[4] for p in (root / "chunks").iterdir()}
+    assert majors == {2, 3}
+    snap = txstore.open(store.uri).snapshot()
+    ids = [*range(FIRST + SECOND), *range(100, 105)]
+    assert [(s["id"], s["triple"]) for s in snap] == [(i, 3 * i) for i in ids]
+    assert [snap[k]["triple"] for k in range(len(ids))] == [3 * i for i in ids]
+    report = store.verify(deep=True)
+    assert report.problems == []

@@ -154,10 +154,16 @@ def test_manifest_table_lists_every_field() -> None:
 def _footer_schema() -> None:
     _lang, body, _ = EXAMPLES["footer-schema"]
     schema = dict(re.findall(r"^(\w+)\s*= \[([^\]]*)\]", body, re.M))
-    for kind in (chunkfmt.ChunkFooter, chunkfmt.BlockIndex, chunkfmt.FrameIndex):
+    kinds = (chunkfmt.PackedFooter, chunkfmt.ChunkFooter, chunkfmt.BlockIndex, chunkfmt.FrameIndex)
+    assert set(schema) == {kind.__name__ for kind in kinds}
+    for kind in kinds:
         written = [n.strip() for n in schema[kind.__name__].split(",")]
         assert written == [f.name for f in msgspec.structs.fields(kind)], kind.__name__
         assert kind.__struct_config__.array_like  # "Structs encoded as arrays"
+    # The first five items of both footers are alike (a reader of major 2 decodes a packed
+    # footer far enough to see its major).
+    packed = [f.name for f in msgspec.structs.fields(chunkfmt.PackedFooter)]
+    assert packed[:5] == [f.name for f in msgspec.structs.fields(chunkfmt.ChunkFooter)]
 
 
 def _chunk_layout() -> None:
@@ -368,7 +374,7 @@ def _chunk_file() -> None:
 
     # The layout of section 7, checked without txstore: header, trailer, checksums.
     magic, major, minor = struct.unpack_from("<4sHH", data)
-    assert (magic, major, minor) == (b"TXSC", 2, 0)
+    assert (magic, major, minor) == (b"TXSC", 3, 0)
     length, footer_crc, end = struct.unpack_from("<II8s", data, len(data) - 16)
     assert end == b"TXSCEND\0"
     assert ref.footer_offset == len(data) - 16 - length
@@ -377,10 +383,15 @@ def _chunk_file() -> None:
     assert zlib.crc32(data[ref.footer_offset :]) == ref.crc32
     assert xxhash.xxh3_64(data[: ref.footer_offset]).hexdigest() == ref.digest
     footer = msgspec.msgpack.decode(footer_bytes)
-    for _block_samples, frames in footer[4]:
-        for _col, offset, stored, _raw, codec, checksum, _flags in frames:
-            assert codec == 0  # compression=None
-            assert xxhash.xxh3_64_intdigest(data[offset : offset + stored]) == checksum
+    assert footer[:5] == [3, 0, 2, ["id", "text"], []]
+    assert struct.unpack("<2Q", footer[5]) == (0, 2)  # one block of samples [0, 2)
+    (end,) = struct.unpack("<I", footer[6])
+    assert end == len(footer[7])
+    frames = msgspec.msgpack.decode(footer[7])
+    assert len(frames) == 2
+    for _col, offset, stored, _raw, codec, checksum, _flags in frames:
+        assert codec == 0  # compression=None
+        assert xxhash.xxh3_64_intdigest(data[offset : offset + stored]) == checksum
 
     # txstore's reader: the checks of a whole-file read, then the samples the text names.
     layout = chunkfmt.check_file(

@@ -38,6 +38,8 @@ from txstore.format.values import (
 )
 from txstore.txn import manifest_key
 
+from . import chunkfiles
+
 Json = dict[str, Any]
 
 
@@ -90,15 +92,13 @@ def _forge_segment(store: txstore.Store, change: Callable[[Json, Json], None]) -
 
 
 def _footer_parts(data: bytes) -> tuple[Any, int]:
-    """A chunk's footer as plain MessagePack (lists), and where it starts."""
-    length, _, _ = struct.unpack_from("<II8s", data, len(data) - 16)
-    start = len(data) - 16 - length
-    return msgspec.msgpack.decode(data[start : len(data) - 16]), start
+    """A chunk's footer as a tree of lists (``chunkfiles``), and where it starts."""
+    body, footer = chunkfiles.split(data)
+    return footer, len(body)
 
 
 def _with_footer(data: bytes, start: int, footer: Any) -> bytes:
-    raw = msgspec.msgpack.encode(footer)
-    return data[:start] + raw + struct.pack("<II8s", len(raw), zlib.crc32(raw), b"TXSCEND\0")
+    return chunkfiles.seal(data[:start], footer)
 
 
 def _replace_chunk(store: txstore.Store, data: bytes, num_samples: int | None = None) -> str:
@@ -467,7 +467,7 @@ def _frames_not_a_list(block: int) -> Callable[[Any], None]:
     "damage, message",
     [
         (lambda block: _set_frame(1, 10**6, block=block), r"block {bad}: .*outside the frames"),
-        (_frames_not_a_list, "bad chunk footer: Expected `array`"),
+        (_frames_not_a_list, "bad chunk footer: .*Expected `array`"),
     ],
     ids=["frame outside the file", "frames not an array"],
 )

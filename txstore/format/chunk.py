@@ -4,7 +4,7 @@ Layout (docs/format.md has it byte for byte)::
 
     header   8 bytes   b"TXSC", u16 major, u16 minor
     frames   ...       block 0 column frames, block 1 column frames, ...
-    footer   ...       MessagePack ChunkFooter
+    footer   ...       MessagePack footer: the block index, packed (major 3; a list in 1, 2)
     trailer  16 bytes  u32 footer length, u32 footer crc32, b"TXSCEND\\0"
 
 A frame holds one column of one block: a MessagePack array of the block's values followed by a
@@ -23,6 +23,7 @@ from itertools import accumulate, pairwise
 from typing import Annotated, Any, TypeVar
 
 import msgspec
+import numpy as np
 
 from ..errors import ChecksumError, CorruptError, UnsupportedFormatError
 from .codec import CODEC_RAW, FRAME_CHECKSUMS, chunk_digest, crc32, open_frame
@@ -30,7 +31,10 @@ from .values import ABSENT, ABSENT_BYTES, ValueDecoder
 
 CHUNK_MAGIC = b"TXSC"
 TRAILER_MAGIC = b"TXSCEND\0"
-CHUNK_MAJOR, CHUNK_MINOR = 2, 0  # 2.0: XXH3-64 frame checksums (1.x: CRC-32)
+# 3.0: a packed block index (a sample's block found without decoding every block); 2.x:
+# XXH3-64 frame checksums; 1.x: CRC-32
+CHUNK_MAJOR, CHUNK_MINOR = 3, 0
+PACKED_FROM = 3  # the first major whose footer is a PackedFooter
 HEADER = struct.Struct("<4sHH")
 TRAILER = struct.Struct("<II8s")
 MAX_BLOCK_SAMPLES = 4096
@@ -63,11 +67,31 @@ class BlockIndex(msgspec.Struct, array_like=True, frozen=True, gc=False):
 
 
 class ChunkFooter(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """A footer with every block decoded: as majors 1 and 2 store it, and as readers of any
+    major use it once they need every block."""
+
     major: _Nat
     minor: _Nat
     num_samples: _Nat
     columns: list[str]
     blocks: list[BlockIndex]
+
+
+# The footer of major 3 on: the blocks' sample counts and where each one's frames are, as
+# packed arrays, and their frames encoded one block after another. Opening a chunk decodes
+# a few objects, not one per block (a 64 MiB chunk has hundreds to thousands of blocks: a
+# fifth of a millisecond to decode them, the bulk of a random read's first touch of a chunk).
+# ``blocks`` stays an empty list, where majors 1 and 2 have theirs, so that a reader of major
+# 2 decodes the footer, finds a newer major and refuses the chunk as such.
+class PackedFooter(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    major: _Nat
+    minor: _Nat
+    num_samples: _Nat
+    columns: list[str]
+    blocks: Annotated[list[None], msgspec.Meta(max_length=0)]
+    starts: bytes  # u64 LE per block, then num_samples: block k holds [starts[k], starts[k+1])
+    frame_ends: bytes  # u32 LE per block: where its frames end in ``frames``
+    frames: bytes  # each block's MessagePack array of FrameIndex, one after another
 
 
 # The same footer with each block's frames left encoded: what reading one sample of a chunk
@@ -102,16 +126,21 @@ class ChunkLayout:
         "_frames",
         "_head",
         "_high",
+        "_packed",
         "block_starts",
         "check",
         "columns",
+        "major",
+        "minor",
         "num_samples",
         "where",
     )
 
     def __init__(self, footer: ChunkFooter, where: str, footer_offset: int | None = None) -> None:
-        self._setup(footer, where, footer_offset)
+        starts = list(accumulate([b.num_samples for b in footer.blocks], initial=0))
+        self._setup(footer, starts, where, footer_offset)
         self._head: tuple[_FooterHead, bytes] | None = None
+        self._packed: tuple[bytes, list[int]] | None = None
         self._frames: list[tuple[FrameIndex, ...] | None] = []
         self._footer: ChunkFooter | None = footer
         why = _check_frames(footer, self._high)
@@ -122,24 +151,47 @@ class ChunkLayout:
     def _lazy(
         cls, head: _FooterHead, raw: bytes, where: str, footer_offset: int | None
     ) -> ChunkLayout:
+        """Majors 1 and 2: the blocks' counts decoded, their frames kept encoded."""
         self = cls.__new__(cls)
-        self._setup(head, where, footer_offset)
+        starts = list(accumulate([b.num_samples for b in head.blocks], initial=0))
+        self._setup(head, starts, where, footer_offset)
         self._head = (head, raw)
+        self._packed = None
         self._frames = [None] * len(head.blocks)
         self._footer = None
         return self
 
+    @classmethod
+    def _of_packed(
+        cls, packed: PackedFooter, where: str, footer_offset: int | None, lazy: bool
+    ) -> ChunkLayout:
+        self = cls.__new__(cls)
+        starts, ends = _packed_index(packed, where)
+        self._setup(packed, starts, where, footer_offset)
+        self._head = None
+        self._packed = (packed.frames, ends)
+        self._frames = [None] * len(ends)
+        self._footer = None
+        if not lazy:
+            self.footer  # noqa: B018 -- decodes and checks every block now
+        return self
+
     def _setup(
-        self, footer: ChunkFooter | _FooterHead, where: str, footer_offset: int | None
+        self,
+        footer: ChunkFooter | _FooterHead | PackedFooter,
+        block_starts: list[int],
+        where: str,
+        footer_offset: int | None,
     ) -> None:
         """The lookups, and the footer's totals checked (``CorruptError``)."""
         self.where = where
+        self.major, self.minor = footer.major, footer.minor
         self.check = FRAME_CHECKSUMS[footer.major]
         self.columns = footer.columns
         self.num_samples = footer.num_samples
-        self.block_starts = list(accumulate([b.num_samples for b in footer.blocks], initial=0))
+        self.block_starts = block_starts
         self._high = 2**63 if footer_offset is None else footer_offset
-        total = self.block_starts[-1]
+        total = block_starts[-1]
         why = ""
         if len(set(self.columns)) != len(self.columns):
             why = "a column name appears twice"
@@ -153,13 +205,29 @@ class ChunkLayout:
         """The whole footer, every frame checked (``CorruptError``)."""
         footer = self._footer
         if footer is None:
-            assert self._head is not None
-            footer = _decode(self._head[1], ChunkFooter, self.where)
+            if self._head is not None:
+                footer = _decode(self._head[1], ChunkFooter, self.where)
+            else:
+                blocks = [
+                    BlockIndex(self.block_samples(k), self._packed_frames(k))
+                    for k in range(len(self._frames))
+                ]
+                footer = ChunkFooter(self.major, self.minor, self.num_samples, self.columns, blocks)
             why = _check_frames(footer, self._high)
             if why:
                 raise CorruptError(f"{self.where}: bad chunk footer: {why}")
-            self._footer, self._head, self._frames = footer, None, []
+            self._footer, self._head, self._packed, self._frames = footer, None, None, []
         return footer
+
+    def _packed_frames(self, number: int) -> tuple[FrameIndex, ...]:
+        """A block's frames, decoded from a packed footer (unchecked)."""
+        assert self._packed is not None
+        frames, ends = self._packed
+        start = ends[number - 1] if number else 0
+        try:
+            return _FRAMES.decode(memoryview(frames)[start : ends[number]])
+        except msgspec.DecodeError as e:
+            raise CorruptError(f"{self.where}: bad chunk footer: block {number}: {e}") from e
 
     def block_frames(self, number: int) -> Sequence[FrameIndex]:
         """The frames of one block, checked (``CorruptError``)."""
@@ -169,11 +237,13 @@ class ChunkLayout:
         frames = self._frames[number]
         if frames is None:
             head = self._head
-            assert head is not None
-            try:
-                frames = _FRAMES.decode(head[0].blocks[number].frames)
-            except msgspec.DecodeError as e:
-                raise CorruptError(f"{self.where}: bad chunk footer: {e}") from e
+            if head is None:
+                frames = self._packed_frames(number)
+            else:
+                try:
+                    frames = _FRAMES.decode(head[0].blocks[number].frames)
+                except msgspec.DecodeError as e:
+                    raise CorruptError(f"{self.where}: bad chunk footer: {e}") from e
             why = _check_block(
                 frames, number, self.block_samples(number), len(self.columns), self._high
             )
@@ -191,6 +261,63 @@ class ChunkLayout:
         return block, index - self.block_starts[block]
 
 
+def _packed_index(footer: PackedFooter, where: str) -> tuple[list[int], list[int]]:
+    """A packed footer's block starts and frame ends, checked as a whole (``CorruptError``):
+    what majors 1 and 2 cannot break by their structure (a block of 1 to 4096 samples, its
+    frames within the footer) checked in a few array operations."""
+    count = len(footer.frame_ends) // 4
+    if len(footer.frame_ends) % 4 or len(footer.starts) != 8 * (count + 1):
+        why = (
+            f"{len(footer.starts)} bytes of block starts and {len(footer.frame_ends)} of "
+            "frame ends do not describe the same blocks"
+        )
+    else:
+        starts = np.frombuffer(footer.starts, "<u8")
+        ends = np.frombuffer(footer.frame_ends, "<u4").astype(np.int64)
+        end = int(ends[-1]) if count else 0
+        if starts[0] != 0 or starts.max() > footer.num_samples:
+            why = f"its blocks start outside its samples [0, {footer.num_samples}]"
+        elif count and not _within(np.diff(starts.astype(np.int64)), 1, MAX_BLOCK_SAMPLES):
+            why = f"a block does not hold 1 to {MAX_BLOCK_SAMPLES} samples"
+        elif count and np.diff(ends, prepend=0).min() < 1:
+            why = "a block's frames do not follow the previous block's"
+        elif end != len(footer.frames):
+            why = f"its blocks' frames end at {end} of {len(footer.frames)} bytes"
+        else:
+            return starts.tolist(), ends.tolist()
+    raise CorruptError(f"{where}: bad chunk footer: {why}")
+
+
+def _within(values: Any, low: int, high: int) -> bool:
+    return bool(low <= values.min() and values.max() <= high)
+
+
+def encode_footer(
+    num_samples: int, columns: list[str], blocks: Sequence[tuple[int, Sequence[FrameIndex]]]
+) -> bytes:
+    """The footer of a chunk of ``blocks`` (each its sample count and frames), as this
+    version writes it (major ``CHUNK_MAJOR``)."""
+    encode = _ENCODER.encode
+    framed = [encode(frames) for _, frames in blocks]
+    starts = list(accumulate((n for n, _ in blocks), initial=0))
+    ends = list(accumulate(map(len, framed)))
+    return encode(
+        PackedFooter(
+            CHUNK_MAJOR,
+            CHUNK_MINOR,
+            num_samples,
+            columns,
+            [],
+            struct.pack(f"<{len(starts)}Q", *starts),
+            struct.pack(f"<{len(ends)}I", *ends),
+            b"".join(framed),
+        )
+    )
+
+
+_ENCODER = msgspec.msgpack.Encoder()
+
+
 _T = TypeVar("_T")
 
 
@@ -198,6 +325,8 @@ def _decode(raw: bytes | memoryview, kind: type[_T], where: str) -> _T:
     try:
         return msgspec.msgpack.decode(raw, type=kind)
     except msgspec.DecodeError as e:
+        if len(raw) > 1 and 0x90 <= raw[0] <= 0x9F and CHUNK_MAJOR < raw[1] <= 0x7F:
+            _check_major(raw[1], 0, where)  # a newer major may lay its footer out anew
         raise CorruptError(f"{where}: bad chunk footer: {e}") from e
 
 
@@ -216,21 +345,32 @@ def parse_footer(
     footer_bytes = memoryview(tail)[len(tail) - TRAILER.size - length : len(tail) - TRAILER.size]
     if len(footer_bytes) != length or crc32(footer_bytes) != checksum:
         raise CorruptError(f"{where}: chunk footer checksum mismatch")
+    # The major is the footer array's first item: one byte after a fixarray's header.
+    if length > 1 and footer_bytes[1] >= PACKED_FROM:
+        packed = _decode(footer_bytes, PackedFooter, where)
+        _check_major(packed.major, packed.minor, where)
+        return ChunkLayout._of_packed(packed, where, footer_offset, lazy)
     if lazy:
         raw = bytes(footer_bytes)  # kept by the layout: never a view of a mapped file
         found: ChunkFooter | _FooterHead = _decode(raw, _FooterHead, where)
     else:
         found = _decode(footer_bytes, ChunkFooter, where)
-    if found.major > CHUNK_MAJOR:
-        raise UnsupportedFormatError(
-            f"{where}: chunk format {found.major}.{found.minor} is newer than this txstore "
-            f"reads ({CHUNK_MAJOR}.x); upgrade txstore"
-        )
-    if found.major not in FRAME_CHECKSUMS:
-        raise CorruptError(f"{where}: bad chunk format version {found.major}")
+    _check_major(found.major, found.minor, where)
+    if found.major >= PACKED_FROM:
+        raise CorruptError(f"{where}: bad chunk footer: major {found.major} with a list of blocks")
     if isinstance(found, _FooterHead):
         return ChunkLayout._lazy(found, raw, where, footer_offset)
     return ChunkLayout(found, where, footer_offset)
+
+
+def _check_major(major: int, minor: int, where: str) -> None:
+    if major > CHUNK_MAJOR:
+        raise UnsupportedFormatError(
+            f"{where}: chunk format {major}.{minor} is newer than this txstore "
+            f"reads ({CHUNK_MAJOR}.x); upgrade txstore"
+        )
+    if major not in FRAME_CHECKSUMS:
+        raise CorruptError(f"{where}: bad chunk format version {major}")
 
 
 def _check_frames(footer: ChunkFooter, high: int) -> str:

@@ -10,8 +10,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from itertools import islice
 
-import msgspec
-
 from .chunk import (
     CHUNK_MAGIC,
     CHUNK_MAJOR,
@@ -19,9 +17,8 @@ from .chunk import (
     HEADER,
     TRAILER,
     TRAILER_MAGIC,
-    BlockIndex,
-    ChunkFooter,
     FrameIndex,
+    encode_footer,
 )
 from .codec import ChunkDigest, crc32, frame_checksum
 
@@ -114,14 +111,10 @@ class ChunkStream:
                 sealed.frames, self._checksums, strict=True
             )
         )
-        footer = msgspec.msgpack.encode(
-            ChunkFooter(
-                CHUNK_MAJOR,
-                CHUNK_MINOR,
-                num_samples,
-                columns,
-                [BlockIndex(n, tuple(islice(indexes, count))) for n, count in sealed.blocks],
-            )
+        footer = encode_footer(
+            num_samples,
+            columns,
+            [(n, tuple(islice(indexes, count))) for n, count in sealed.blocks],
         )
         trailer = TRAILER.pack(len(footer), crc32(footer), TRAILER_MAGIC)
         self.crc32 = crc32(trailer, crc32(footer))

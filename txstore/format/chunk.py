@@ -111,6 +111,13 @@ class _FooterHead(msgspec.Struct, array_like=True, frozen=True, gc=False):
 
 
 _FRAMES = msgspec.msgpack.Decoder(tuple[FrameIndex, ...])
+_ALL_FRAMES = msgspec.msgpack.Decoder(list[tuple[FrameIndex, ...]])
+_BLOCK_RAWS = msgspec.msgpack.Decoder(list[msgspec.Raw])
+
+
+def _array_header(count: int) -> bytes:
+    """The MessagePack header of an array of ``count`` items (array 32: any count)."""
+    return b"\xdd" + count.to_bytes(4, "big")
 
 
 class ChunkLayout:
@@ -140,7 +147,7 @@ class ChunkLayout:
         starts = list(accumulate([b.num_samples for b in footer.blocks], initial=0))
         self._setup(footer, starts, where, footer_offset)
         self._head: tuple[_FooterHead, bytes] | None = None
-        self._packed: tuple[bytes, list[int]] | None = None
+        self._packed: tuple[bytes, Any] | None = None  # frames, their ends (numpy int64)
         self._frames: list[tuple[FrameIndex, ...] | None] = []
         self._footer: ChunkFooter | None = footer
         why = _check_frames(footer, self._high)
@@ -208,16 +215,36 @@ class ChunkLayout:
             if self._head is not None:
                 footer = _decode(self._head[1], ChunkFooter, self.where)
             else:
-                blocks = [
-                    BlockIndex(self.block_samples(k), self._packed_frames(k))
-                    for k in range(len(self._frames))
-                ]
-                footer = ChunkFooter(self.major, self.minor, self.num_samples, self.columns, blocks)
+                footer = ChunkFooter(
+                    self.major, self.minor, self.num_samples, self.columns, self._packed_blocks()
+                )
             why = _check_frames(footer, self._high)
             if why:
                 raise CorruptError(f"{self.where}: bad chunk footer: {why}")
             self._footer, self._head, self._packed, self._frames = footer, None, None, []
         return footer
+
+    def _packed_blocks(self) -> list[BlockIndex]:
+        """Every block of a packed footer, its frames decoded (unchecked). One decoding pass
+        over all blocks, which takes half the time of one a block; a pass of ``Raw``s first
+        checks that each block's bytes are one value ending where ``frame_ends`` says."""
+        assert self._packed is not None
+        frames, ends = self._packed
+        whole = _array_header(len(ends)) + frames
+        try:
+            raws = _BLOCK_RAWS.decode(whole)
+            sizes = np.fromiter(map(len, raws), np.int64, len(raws))
+            decoded = _ALL_FRAMES.decode(whole) if np.array_equal(np.cumsum(sizes), ends) else None
+        except msgspec.DecodeError:
+            decoded = None
+        if decoded is None:  # the block at fault named by decoding each alone
+            decoded = [self._packed_frames(number) for number in range(len(ends))]
+            raise CorruptError(
+                f"{self.where}: bad chunk footer: its blocks' frames do not end where "
+                "frame_ends says"
+            )
+        starts = self.block_starts
+        return [BlockIndex(b - a, f) for (a, b), f in zip(pairwise(starts), decoded, strict=True)]
 
     def _packed_frames(self, number: int) -> tuple[FrameIndex, ...]:
         """A block's frames, decoded from a packed footer (unchecked)."""
@@ -261,7 +288,7 @@ class ChunkLayout:
         return block, index - self.block_starts[block]
 
 
-def _packed_index(footer: PackedFooter, where: str) -> tuple[list[int], list[int]]:
+def _packed_index(footer: PackedFooter, where: str) -> tuple[list[int], Any]:
     """A packed footer's block starts and frame ends, checked as a whole (``CorruptError``):
     what majors 1 and 2 cannot break by their structure (a block of 1 to 4096 samples, its
     frames within the footer) checked in a few array operations."""
@@ -277,19 +304,24 @@ def _packed_index(footer: PackedFooter, where: str) -> tuple[list[int], list[int
         end = int(ends[-1]) if count else 0
         if starts[0] != 0 or starts.max() > footer.num_samples:
             why = f"its blocks start outside its samples [0, {footer.num_samples}]"
-        elif count and not _within(np.diff(starts.astype(np.int64)), 1, MAX_BLOCK_SAMPLES):
+        elif count and not _within(starts.astype(np.int64), 1, MAX_BLOCK_SAMPLES):
             why = f"a block does not hold 1 to {MAX_BLOCK_SAMPLES} samples"
-        elif count and np.diff(ends, prepend=0).min() < 1:
+        elif count and (ends[0] < 1 or not _within(ends, 1, 2**32)):
             why = "a block's frames do not follow the previous block's"
         elif end != len(footer.frames):
             why = f"its blocks' frames end at {end} of {len(footer.frames)} bytes"
         else:
-            return starts.tolist(), ends.tolist()
+            # ends stay an array: only this layout's own decoding indexes them
+            return starts.tolist(), ends
     raise CorruptError(f"{where}: bad chunk footer: {why}")
 
 
 def _within(values: Any, low: int, high: int) -> bool:
-    return bool(low <= values.min() and values.max() <= high)
+    """Whether each step between consecutive ``values`` (a numpy array) is in [low, high]."""
+    if len(values) < 2:
+        return True
+    steps = values[1:] - values[:-1]
+    return bool(low <= steps.min() and steps.max() <= high)
 
 
 def encode_footer(

@@ -258,8 +258,10 @@ def _broken_packings(data: bytes) -> list[tuple[dict[int, Any], str]]:
         ({5: q(starts[:-1])}, "do not describe the same blocks"),  # a start too few
         ({6: i([*ends, ends[-1]])}, "do not describe the same blocks"),  # a frame end too many
         ({6: i(ends)[:-1]}, "do not describe the same blocks"),  # a ragged array
-        ({5: q([1, *starts[1:]])}, "start outside its samples"),
-        ({5: q([*starts[:-2], 2**64 - 1, starts[-1]])}, "start outside its samples"),
+        ({5: q([1, *starts[1:]])}, "does not start at sample 0"),
+        ({5: q([*starts[:-2], 2**64 - 1, starts[-1]])}, "1 to 4096 samples"),
+        ({5: q([0, 2**63, *starts[2:]])}, "1 to 4096 samples"),
+        ({5: q([0, 0])}, "describe the same blocks"),
         ({5: q([0, 0, *starts[2:]])}, "1 to 4096 samples"),  # a block of none
         ({5: q([0, starts[2], starts[1], *starts[3:]])}, "1 to 4096 samples"),  # backwards
         ({5: q(big), 2: big[-1]}, "1 to 4096 samples"),  # a block of 5000
@@ -270,7 +272,7 @@ def _broken_packings(data: bytes) -> list[tuple[dict[int, Any], str]]:
     ]
 
 
-@pytest.mark.parametrize("case", range(12))
+@pytest.mark.parametrize("case", range(14))
 @pytest.mark.parametrize("lazy", [False, True])
 def test_a_packed_footer_that_breaks_its_rules_is_corrupt(case: int, lazy: bool) -> None:
     """Every rule of §7.3 a packed footer can break with its checksum valid (a crafted file,

@@ -299,29 +299,30 @@ def _packed_index(footer: PackedFooter, where: str) -> tuple[list[int], Any]:
             "frame ends do not describe the same blocks"
         )
     else:
-        starts = np.frombuffer(footer.starts, "<u8")
+        # As signed: a start of 2**63 or more turns negative, a step down the rules refuse.
+        starts = np.frombuffer(footer.starts, "<i8")
         ends = np.frombuffer(footer.frame_ends, "<u4").astype(np.int64)
         end = int(ends[-1]) if count else 0
-        if starts[0] != 0 or starts.max() > footer.num_samples:
-            why = f"its blocks start outside its samples [0, {footer.num_samples}]"
-        elif count and not _within(starts.astype(np.int64), 1, MAX_BLOCK_SAMPLES):
+        if starts[0] != 0:
+            why = "its first block does not start at sample 0"
+        elif not _steps_within(starts, MAX_BLOCK_SAMPLES):
             why = f"a block does not hold 1 to {MAX_BLOCK_SAMPLES} samples"
-        elif count and (ends[0] < 1 or not _within(ends, 1, 2**32)):
+        elif count and (ends[0] < 1 or not _steps_within(ends, 2**32)):
             why = "a block's frames do not follow the previous block's"
         elif end != len(footer.frames):
             why = f"its blocks' frames end at {end} of {len(footer.frames)} bytes"
         else:
-            # ends stay an array: only this layout's own decoding indexes them
+            # The ends stay an array: only this layout's own decoding indexes them.
             return starts.tolist(), ends
     raise CorruptError(f"{where}: bad chunk footer: {why}")
 
 
-def _within(values: Any, low: int, high: int) -> bool:
-    """Whether each step between consecutive ``values`` (a numpy array) is in [low, high]."""
+def _steps_within(values: Any, high: int) -> bool:
+    """Whether each step from one of ``values`` (a numpy array) to the next is in [1, high]."""
     if len(values) < 2:
         return True
     steps = values[1:] - values[:-1]
-    return bool(low <= steps.min() and steps.max() <= high)
+    return bool(steps.min() >= 1 and steps.max() <= high)
 
 
 def encode_footer(

@@ -426,25 +426,24 @@ def _check_block(
     low = HEADER.size
     need = 4 * num_samples + 1  # the raw bytes end with a u32 offset per value, after at
     # least an array header
+    # Stored one after another (§7.1): a reader of one sample reads them as one range.
+    at, apart = -1, ""
     for f in frames:
+        end = f.offset + f.length
         if (
             f.column >= width
             or f.offset < low
-            or f.offset + f.length > high
+            or end > high
             or f.raw_length < need
             or (f.codec == CODEC_RAW and f.length != f.raw_length)
         ):
             return f"block {number}: {_bad_frame(f, width, low, high, need)}"
-    if len({f.column for f in frames}) != len(frames):
+        if f.offset != at and at >= 0 and not apart:
+            apart = f"block {number}: a frame at {f.offset} does not follow the one ending at {at}"
+        at = end
+    if len(frames) > 1 and len({f.column for f in frames}) != len(frames):
         return "a block has two frames of one column"
-    # Stored one after another (§7.1): a reader of one sample reads them as one range.
-    for a, b in pairwise(frames):
-        if b.offset != a.offset + a.length:
-            return (
-                f"block {number}: a frame at {b.offset} does not follow the one at "
-                f"[{a.offset}, {a.offset + a.length})"
-            )
-    return ""
+    return apart
 
 
 def _bad_frame(f: FrameIndex, width: int, low: int, high: int, need: int) -> str:

@@ -409,6 +409,10 @@ def _footer_num_samples(footer: Any) -> None:
     footer[2] += 1
 
 
+def _frames_apart(footer: Any) -> None:
+    footer[4][0][1][1][1] -= 1  # the second frame starts a byte inside the first
+
+
 def _raw_length_short(footer: Any) -> None:
     frame = footer[4][0][1][0]
     frame[2] = frame[3] = 2  # fewer bytes than the offset table of the block's values
@@ -427,6 +431,7 @@ HOSTILE_FOOTERS: list[tuple[str, Callable[[Any], None], str]] = [
     ("frame in the header", _set_frame(1, 0), "outside the frames"),
     ("negative offset", _set_frame(1, -5), "bad chunk footer"),
     ("frame too short for its block", _raw_length_short, "for values needing 241"),
+    ("frames of a block apart", _frames_apart, "does not follow the one ending at"),
 ]
 
 

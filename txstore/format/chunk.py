@@ -237,8 +237,9 @@ class ChunkLayout:
             decoded = _ALL_FRAMES.decode(whole) if np.array_equal(np.cumsum(sizes), ends) else None
         except msgspec.DecodeError:
             decoded = None
-        if decoded is None:  # the block at fault named by decoding each alone
-            decoded = [self._packed_frames(number) for number in range(len(ends))]
+        if decoded is None:
+            for number in range(len(ends)):
+                self._packed_frames(number)  # names the block at fault, if one alone is
             raise CorruptError(
                 f"{self.where}: bad chunk footer: its blocks' frames do not end where "
                 "frame_ends says"

@@ -729,7 +729,9 @@ def read_section(report: Report, workers_report: Report | None, plots: Plots) ->
         "`ds[i]` of a block of 32 KiB or more preads it), while a reader that copies them "
         "with `read` keeps the same pages in the page cache uncounted. Peak "
         "anon is the largest sum of the processes' anonymous memory (`RssAnon`) at one time: "
-        "what the readers allocate, alike for every reader.\n",
+        "what the readers allocate, alike for every reader. Both are read from `/proc` every "
+        "20 ms, except for `ds[i]`, where they are read before and after the timed accesses "
+        "(a sampling thread took the GIL from the loop it timed).\n",
     ]
     for w in workloads:
         parts.append(f"**{w}**\n\n" + read_table([r for r in rows if r["workload"] == w]) + "\n")

@@ -827,3 +827,53 @@ def test_a_stream_gives_a_tail_only_after_every_frame() -> None:
     list(stream.pieces(builder.sealed_frames - 1))
     with pytest.raises(RuntimeError, match="after all its frames"):
         list(stream.tail(["id"], 50, 0))
+
+
+@pytest.mark.parametrize("major", [2, 3])
+def test_a_shared_footer_decoded_whole_while_blocks_are_read_one_at_a_time(major: int) -> None:
+    """A footer parsed for single samples, shared by threads: one decodes it whole (a read of
+    some fields) while others decode its blocks one at a time (``snap[i]``). Every block
+    reads; none fails for the state the whole decode replaced (IndexError, AssertionError
+    before). Threads switch every microsecond so that the steps interleave."""
+    builder = ChunkBuilder(block_bytes=256, compressor=FrameCompressor(None, 0))
+    for position in range(400):
+        builder.add({"id": position, "blob": bytes([position % 256]) * 100}, position)
+    data = b"".join(builder.finish())
+    if major == 2:
+        data = _rewrite(data, 2, xxhash.xxh3_64_intdigest)
+    tail = data[layout_start(data) :]
+    whole = parse_footer(tail, "test chunk").footer
+    errors: list[BaseException] = []
+    seen: list[bool] = []
+
+    def round_of_threads() -> None:
+        layout = parse_footer(tail, "test chunk", lazy=True)
+        start = threading.Barrier(3)
+
+        def read_blocks() -> None:
+            start.wait()
+            try:
+                blocks = [tuple(layout.block_frames(k)) for k in range(len(whole.blocks))]
+                seen.append(blocks == [b.frames for b in whole.blocks])
+            except BaseException as e:  # collected for the assertion below
+                errors.append(e)
+
+        def decode_whole() -> None:
+            start.wait()
+            layout.footer  # noqa: B018
+
+        threads = [threading.Thread(target=f) for f in (read_blocks, read_blocks, decode_whole)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for _ in range(200):
+            round_of_threads()
+    finally:
+        sys.setswitchinterval(interval)
+    assert errors == []
+    assert seen == [True] * 400

@@ -181,6 +181,7 @@ class ChunkLayout:
         self._footer = None
         if not lazy:
             self.footer  # noqa: B018 -- decodes and checks every block now
+            self._packed, self._frames = None, []  # not shared yet: nothing reads them
         return self
 
     def _setup(
@@ -221,7 +222,9 @@ class ChunkLayout:
             why = _check_frames(footer, self._high)
             if why:
                 raise CorruptError(f"{self.where}: bad chunk footer: {why}")
-            self._footer, self._head, self._packed, self._frames = footer, None, None, []
+            # The lazy state stays: another thread may be decoding a block from it right now
+            # (a projection read makes the whole footer of a layout a sample reader shares).
+            self._footer = footer
         return footer
 
     def _packed_blocks(self) -> list[BlockIndex]:

@@ -47,13 +47,17 @@ def _load(package: str) -> SimpleNamespace:
     format_ = f"{package}.format"
     builder = importlib.import_module(f"{format_}.builder")
     chunk = importlib.import_module(f"{format_}.chunk")
+    try:  # a checkout from before chunk.py was split keeps its frame reading there
+        frames = importlib.import_module(f"{format_}.frames")
+    except ModuleNotFoundError:
+        frames = chunk
     codec = importlib.import_module(f"{format_}.codec")
     manifest = importlib.import_module(f"{format_}.manifest")
     values = importlib.import_module(f"{format_}.values")
     return SimpleNamespace(
         where=importlib.import_module(package).__file__,
         ChunkBuilder=builder.ChunkBuilder,
-        decode_blocks=chunk.decode_blocks,
+        decode_blocks=frames.decode_blocks,
         parse_footer=chunk.parse_footer,
         FrameCompressor=codec.FrameCompressor,
         block_bytes=manifest.DEFAULT_BLOCK_BYTES,

@@ -14,14 +14,9 @@ import pytest
 
 from txstore.errors import ChecksumError, CorruptError, EncodeError, UnsupportedFormatError
 from txstore.format.builder import ChunkBuilder
-from txstore.format.chunk import (
-    MAX_BLOCK_SAMPLES,
-    ChunkLayout,
-    decode_blocks,
-    decode_value,
-    parse_footer,
-)
+from txstore.format.chunk import MAX_BLOCK_SAMPLES, ChunkLayout, parse_footer
 from txstore.format.codec import CODEC_RAW, CODEC_ZSTD, FrameCompressor, open_frame
+from txstore.format.frames import decode_blocks, decode_value
 from txstore.format.values import ABSENT, ValueDecoder
 
 NO_LIMIT = 2**62  # a chunk size no test reaches

@@ -26,11 +26,10 @@ from txstore.format.chunk import (
     ChunkLayout,
     FrameIndex,
     check_header,
-    decode_blocks,
-    decode_value,
     parse_footer,
 )
 from txstore.format.codec import FrameCompressor, chunk_digest, crc32
+from txstore.format.frames import decode_blocks, decode_value
 from txstore.format.values import ABSENT, ValueDecoder
 
 from . import chunkfiles

@@ -16,8 +16,9 @@ from hypothesis import given, settings
 
 from txstore.format import columnar as col
 from txstore.format.builder import ChunkBuilder
-from txstore.format.chunk import MAX_BLOCK_SAMPLES, decode_blocks, parse_footer
+from txstore.format.chunk import MAX_BLOCK_SAMPLES, parse_footer
 from txstore.format.codec import CODEC_RAW, FrameCompressor, decompress_frame
+from txstore.format.frames import decode_blocks
 from txstore.format.values import ValueDecoder, ValueEncoder
 
 HEADER_BYTES = 8

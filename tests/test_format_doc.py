@@ -26,6 +26,7 @@ import xxhash
 
 import txstore
 from txstore.format import chunk as chunkfmt
+from txstore.format import frames as framefmt
 from txstore.format import manifest as fmt
 from txstore.format.manifest import (
     ChunkRef,
@@ -402,7 +403,7 @@ def _chunk_file() -> None:
         digest=ref.digest,
         where="format.md chunk file",
     )
-    chunkfmt.check_offset_tables(data, layout)
+    framefmt.check_offset_tables(data, layout)
     stated = re.search(r"`append\((\[.*?\])\)`", section)
     assert stated, "section 7.5 states the samples appended"
     samples = json.loads(stated.group(1))

@@ -61,7 +61,8 @@ def test_deep_verify_checks_offset_tables_of_every_kind_of_value(
 
     import numpy as np
 
-    from txstore.format.chunk import check_offset_tables, offset_table_error, parse_footer
+    from txstore.format.chunk import parse_footer
+    from txstore.format.frames import check_offset_tables, offset_table_error
 
     store = txstore.create(
         str(tmp_path / "store"), chunk_bytes=200_000, block_bytes=4096, compression=compression

@@ -22,13 +22,9 @@ import txstore
 from txstore import cli
 from txstore.errors import CorruptError, EncodeError
 from txstore.format.builder import ChunkBuilder
-from txstore.format.chunk import (
-    MAX_BLOCK_SAMPLES,
-    decode_blocks,
-    decode_value,
-    parse_footer,
-)
+from txstore.format.chunk import MAX_BLOCK_SAMPLES, parse_footer
 from txstore.format.codec import FrameCompressor
+from txstore.format.frames import decode_blocks, decode_value
 from txstore.format.values import (
     EXT_ABSENT,
     EXT_NDARRAY,

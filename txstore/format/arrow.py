@@ -843,8 +843,8 @@ def chunk_table(
     """A chunk's samples as a table, from the bytes of its sources (as ``decode_blocks``
     takes them): a column per field, in the order the chunk's blocks first show them; a
     sample without a field has a null there."""
-    from .chunk import Ranges
     from .codec import open_frame
+    from .frames import Ranges
 
     block_starts = parts[0][0].block_starts
     num_blocks = len(block_starts) - 1

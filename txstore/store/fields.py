@@ -29,8 +29,8 @@ from ..errors import (
 from ..format import columnar
 from ..format import manifest as fmt
 from ..format.builder import ChunkBuilder
-from ..format.chunk import decode_columns
 from ..format.codec import FrameCompressor
+from ..format.frames import decode_columns
 from ..format.manifest import ChunkRef, FieldFile, Manifest, StoreConfig, chunk_files
 from ..storage import Storage, open_storage
 from ..txn.rules import Rebase

@@ -23,22 +23,18 @@ from ..errors import (
     NotFoundError,
 )
 from ..format import manifest as fmt
-from ..format.chunk import (
-    FLAG_SPARSE,
-    ChunkLayout,
+from ..format.chunk import FLAG_SPARSE, ChunkLayout, FrameIndex, check_header, parse_footer
+from ..format.codec import chunk_digest, crc32
+from ..format.frames import (
     FileBytes,
-    FrameIndex,
     Ranges,
-    check_header,
     coalesce,
     decode_blocks,
     decode_value,
     decode_values,
     frame_presence,
-    parse_footer,
     select_frames,
 )
-from ..format.codec import chunk_digest, crc32
 from ..format.manifest import ChunkFile, ChunkRef, Manifest, chunk_files
 from ..format.values import ABSENT, ValueDecoder
 from ..storage import Storage, open_storage

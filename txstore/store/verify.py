@@ -19,8 +19,9 @@ from typing import Literal
 
 from ..errors import CorruptError, NotFoundError, StoreNotFoundError, TxstoreError
 from ..format import manifest as fmt
-from ..format.chunk import check_file, check_offset_tables, parse_footer
+from ..format.chunk import check_file, parse_footer
 from ..format.codec import crc32
+from ..format.frames import check_offset_tables
 from ..format.manifest import ChunkFile, LeaseRecord, Retention, Tag, TxnMarker, chunk_files
 from ..storage import FileInfo, Storage
 from ..txn import VersionLog, manifest_key, txn_marker_key

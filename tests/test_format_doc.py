@@ -216,12 +216,18 @@ def _segment_node() -> None:
     _current_version(node)
     for child in json.loads(_json("segment-node"))["segments"]:
         assert set(child) <= _struct_fields(fmt.SegmentRef)
+    # "each reference's num_samples, in the order of segments" (1.5)
+    assert node.counts == tuple(c.num_samples for c in node.segments)
     samples = sum(c.num_samples for c in node.segments)
     chunks = sum(c.num_chunks for c in node.segments)
     ref = fmt.SegmentRef(
         path="segments/n.json", num_samples=samples, num_chunks=chunks, size=1, crc32=0, level=1
     )
     fmt.check_segment(ref, node, "format.md segment node")
+    # A reader of one sample decodes the counts and the one reference it descends into.
+    index = fmt.decode(_json("segment-node"), fmt.SegmentNodeIndex, "format.md segment node")
+    assert fmt.check_segment(ref, index, "format.md segment node")[-1] == samples
+    assert fmt.node_child(index.segments[1], node.counts[1], 1, "node") == node.segments[1]
     # "every one at level k - 1" and "the sums ... equal those of the reference"
     for wrong in (
         msgspec.structs.replace(ref, level=2),

@@ -99,7 +99,8 @@ def test_a_manifest_stays_small_at_ten_million_chunks() -> None:
     refs: tuple[fmt.SegmentRef, ...] = ()
     for _ in range(10_000_000 // seg.MAX_SEGMENT_CHUNKS):
         refs = segments.extend(refs, full)
-    assert sum(r.num_chunks for r in refs) == 10_000_000 // seg.MAX_SEGMENT_CHUNKS * 512
+    leaves = 10_000_000 // seg.MAX_SEGMENT_CHUNKS
+    assert sum(r.num_chunks for r in refs) == leaves * seg.MAX_SEGMENT_CHUNKS
     per_level: dict[int, int] = {}
     for r in refs:
         per_level[r.level] = per_level.get(r.level, 0) + 1
@@ -154,11 +155,19 @@ def _node(store: txstore.Store) -> fmt.SegmentRef:
     return next(r for r in _latest(store).segments if r.level > 0)
 
 
-def _forge(store: txstore.Store, ref: fmt.SegmentRef, change: Callable[[Any], object]) -> None:
+def _forge(
+    store: txstore.Store,
+    ref: fmt.SegmentRef,
+    change: Callable[[Any], object],
+    fix_counts: bool = True,
+) -> None:
     """Rewrite the node ``ref`` names with ``change`` applied, and the manifest's reference
-    to it with the new size and CRC-32 (a forger who fixes checksums)."""
+    to it with the new size and CRC-32 (a forger who fixes checksums and, with
+    ``fix_counts``, the node's counts)."""
     node = json.loads(store.storage.read(ref.path))
     change(node)
+    if fix_counts:
+        node["counts"] = [r["num_samples"] for r in node["segments"]]
     data = json.dumps(node).encode()
     store.storage.delete(ref.path)
     store.storage.write(ref.path, data)
@@ -212,11 +221,59 @@ def test_a_forged_node_is_corrupt_and_vacuum_deletes_nothing(uri: str, change, m
     before = sorted(f.key for f in store.storage.list(""))
     snap = txstore.open(uri).snapshot()
     with pytest.raises(txstore.CorruptError, match=match):
+        snap[0]  # a reader of one sample, descending through the node's counts (1.5)
+    with pytest.raises(txstore.CorruptError, match=match):
         snap.chunk_refs()
     fresh = txstore.open(uri)
     with pytest.raises(txstore.TxstoreError):
         fresh.vacuum(grace=0)
     assert sorted(f.key for f in store.storage.list("")) == before
+
+
+@pytest.mark.parametrize("which", ["counts", "reference"])
+def test_a_node_whose_counts_are_not_its_references_is_corrupt(uri: str, which: str) -> None:
+    """Counts (1.5) that say another number of samples than a reference: refused by a reader
+    of one sample (which decodes only the reference it descends into) and a whole read."""
+    store, _ = _tree_store(uri)
+    ref = _node(store)
+
+    def change(node: Any) -> None:
+        first, second = node["segments"][0], node["segments"][1]
+        assert node["counts"][:2] == [first["num_samples"], second["num_samples"]]
+        if which == "counts":
+            node["counts"][0] += 1
+            node["counts"][1] -= 1
+        else:  # the node's sums still agree with its reference: only the counts do not
+            first["num_samples"] += 1
+            second["num_samples"] -= 1
+
+    _forge(store, ref, change, fix_counts=False)
+    snap = txstore.open(uri).snapshot()
+    with pytest.raises(txstore.CorruptError, match=rf"{ref.path}.*count"):
+        snap[0]
+    with pytest.raises(txstore.CorruptError, match=rf"{ref.path}.*counts are not its references"):
+        txstore.open(uri).snapshot().chunk_refs()
+
+
+def test_a_node_without_counts_is_read_whole_by_a_reader_of_one_sample(uri: str) -> None:
+    """A node written before 1.5 has no counts: a reader of one sample decodes it whole."""
+    store, ids = _tree_store(uri)
+    _forge(store, _node(store), lambda node: node.pop("counts"), fix_counts=False)
+    snap = txstore.open(uri).snapshot()
+    rng = random.Random(3)
+    for i in [0, *rng.sample(range(len(ids)), 100)]:
+        assert snap[i]["id"] == ids[i]
+
+
+def test_a_node_read_for_one_sample_is_checked_whole_when_read_whole(uri: str) -> None:
+    """A reference the lazy reader never decoded is still checked when the same cached node
+    is read whole: a forged level past the one descended into."""
+    store, ids = _tree_store(uri)
+    _forge(store, _node(store), lambda node: node["segments"][-1].update(level=3))
+    snap = txstore.open(uri).snapshot()
+    assert snap[0]["id"] == ids[0]  # through the node's first reference, decoded alone
+    with pytest.raises(txstore.CorruptError, match="at level 3"):
+        snap.chunk_refs()
 
 
 def test_vacuum_keeps_every_file_under_the_tree_and_drops_expired_nodes(uri: str) -> None:
@@ -257,8 +314,11 @@ def test_the_first_commit_on_a_large_flat_store_packs_its_segments() -> None:
         expected += chunks
     new = [ChunkRef(path="chunks/new.chunk", num_samples=1, size=9, crc32=0, footer_offset=1)]
     refs = segments.extend(tuple(flat), new)
-    # 201 level-0 references: packed 32 at a time while 42 or more remain, so 5 nodes over the
-    # oldest 160 and the newest 41 (the new one last) left as they are.
-    assert [r.level for r in refs] == [1] * 5 + [0] * 41
+    # 201 level-0 references: packed NODE_FANOUT at a time while NODE_FANOUT + _COUNTER_TAIL
+    # or more remain; the newest (the new one last) left as they are.
+    fanout, keep = seg.NODE_FANOUT, seg.NODE_FANOUT + seg._COUNTER_TAIL - 1
+    nodes = -(-(201 - keep) // fanout)
+    assert [r.level for r in refs] == [1] * nodes + [0] * (201 - nodes * fanout)
+    assert 201 - nodes * fanout <= keep
     assert refs[-1].num_chunks == 1
     assert Segments(storage).chunks(refs) == [*expected, *new]

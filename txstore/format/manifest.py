@@ -20,7 +20,7 @@ import msgspec
 from ..errors import CorruptError, UnsupportedFormatError
 
 FORMAT = "txstore"
-FORMAT_MAJOR, FORMAT_MINOR = 1, 4
+FORMAT_MAJOR, FORMAT_MINOR = 1, 5
 
 _SAFE_PATH = re.compile(r"[A-Za-z0-9_.\-]+(/[A-Za-z0-9_.\-]+)*")
 
@@ -286,10 +286,18 @@ def new_segment(chunks: tuple[ChunkRef, ...]) -> Segment:
     return Segment(chunks=chunks, counts=tuple(c.num_samples for c in chunks))
 
 
-def counts_match(doc: Segment, where: str) -> None:
-    """A 1.4 segment's counts are its chunks' sample counts."""
-    if doc.counts is not None and list(doc.counts) != [c.num_samples for c in doc.chunks]:
-        raise CorruptError(f"{where} is not a valid segment: its counts are not its chunks'")
+def counts_match(doc: Segment | SegmentNode, where: str) -> None:
+    """A segment's counts (1.4) are its chunks' sample counts, a node's (1.5) its
+    references'."""
+    if doc.counts is None:
+        return
+    if isinstance(doc, Segment):
+        if list(doc.counts) != [c.num_samples for c in doc.chunks]:
+            raise CorruptError(f"{where} is not a valid segment: its counts are not its chunks'")
+    elif list(doc.counts) != [s.num_samples for s in doc.segments]:
+        raise CorruptError(
+            f"{where} is not a valid segment node: its counts are not its references'"
+        )
 
 
 _chunk_decoder = msgspec.json.Decoder(ChunkRef)
@@ -317,14 +325,70 @@ class SegmentNode(_Document, tag="segment-node", kw_only=True, frozen=True):
     rather than reading it as a segment of no chunks."""
 
     segments: tuple[SegmentRef, ...]
+    #: 1.5: each reference's ``num_samples``, in order (None: written before 1.5), so a reader
+    #: of one sample descends without decoding every reference (``SegmentNodeIndex``).
+    counts: tuple[Count, ...] | None = None
+
+
+class SegmentNodeIndex(_Document, tag="segment-node", kw_only=True, frozen=True):
+    """A segment node as a reader of one sample decodes it: its counts, and each reference
+    left as JSON until it is needed (``node_child``)."""
+
+    segments: RawRefs
+    counts: tuple[Count, ...] | None = None
+
+
+def new_node(refs: tuple[SegmentRef, ...]) -> SegmentNode:
+    """The node a writer writes over ``refs``: with their counts (1.5)."""
+    return SegmentNode(segments=refs, counts=tuple(r.num_samples for r in refs))
+
+
+_ref_decoder = msgspec.json.Decoder(SegmentRef)
+
+
+def node_child(raw: msgspec.Raw, count: int, level: int, where: str) -> SegmentRef:
+    """One reference of a ``SegmentNodeIndex`` at ``level``, decoded and checked as a whole
+    node's are (a segment file one level down), and holding the ``count`` samples the node's
+    counts say."""
+    try:
+        child = _ref_decoder.decode(raw)
+    except msgspec.DecodeError as e:
+        raise CorruptError(f"{where} is not a valid segment node: {e}") from e
+    check_data_path(child.path, SEGMENTS, where)
+    if child.level != level - 1:
+        raise CorruptError(
+            f"{where} is a segment node of level {level} naming {child.path!r} at level "
+            f"{child.level}, not {level - 1}"
+        )
+    if child.num_samples != count:
+        raise CorruptError(
+            f"{where} is not a valid segment node: {child.path!r} holds {child.num_samples} "
+            f"samples, its count says {count}"
+        )
+    return child
 
 
 def check_segment(
-    ref: SegmentRef, doc: Segment | SegmentIndex | SegmentNode, where: str
+    ref: SegmentRef, doc: Segment | SegmentIndex | SegmentNode | SegmentNodeIndex, where: str
 ) -> list[int]:
     """A segment file decoded under ``ref`` holds what ``ref`` says: a segment at level 0, a
     node of non-empty references one level down above it, the same samples and chunks.
-    Returns where each chunk (or reference) starts among the samples, then their total."""
+    Returns where each chunk (or reference) starts among the samples, then their total. Of a
+    ``SegmentNodeIndex`` only the samples: its references' levels and chunks are checked as
+    they are decoded (``node_child``, ``Node.children``)."""
+    if isinstance(doc, SegmentNodeIndex):
+        if ref.level == 0:
+            raise CorruptError(f"{where} is a segment node, its reference says a segment")
+        if not doc.segments:
+            raise CorruptError(f"{where} is a segment node naming no segments")
+        if doc.counts is None or len(doc.counts) != len(doc.segments):
+            raise CorruptError(f"{where} is not a valid segment node: no count per reference")
+        starts = list(accumulate(doc.counts, initial=0))
+        if starts[-1] != ref.num_samples:
+            raise CorruptError(
+                f"{where} holds {starts[-1]} samples, its reference says {ref.num_samples}"
+            )
+        return starts
     if isinstance(doc, (Segment, SegmentIndex)):
         if ref.level != 0:
             raise CorruptError(f"{where} is a segment, its reference says level {ref.level}")
@@ -580,6 +644,8 @@ def _check_references(doc: _Document, where: str) -> None:
         if not _all_data_paths([seg.path for seg in doc.segments], SEGMENTS):
             for seg in doc.segments:
                 check_data_path(seg.path, SEGMENTS, where)
+        if isinstance(doc, SegmentNode):
+            counts_match(doc, where)
     elif isinstance(doc, VacuumState):
         # The incremental vacuum deletes what ``dead`` names: a key outside the data folders,
         # or a version past ``through``, is damage or forgery.

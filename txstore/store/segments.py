@@ -17,7 +17,6 @@ import uuid
 from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from functools import partial
 
 from ..errors import ChecksumError, CorruptError, MissingDataError, NotFoundError
@@ -29,12 +28,13 @@ from ..format.manifest import (
     Segment,
     SegmentIndex,
     SegmentNode,
+    SegmentNodeIndex,
     SegmentRef,
 )
 from ..storage import Storage
 
-MAX_SEGMENT_CHUNKS = 512
-NODE_FANOUT = 32
+MAX_SEGMENT_CHUNKS = 128
+NODE_FANOUT = 16
 # The binary counter keeps at most log2(MAX_SEGMENT_CHUNKS) + 1 growing segments at the end:
 # packing them into a node would freeze them small.
 _COUNTER_TAIL = MAX_SEGMENT_CHUNKS.bit_length()
@@ -94,15 +94,60 @@ class Leaf:
         return 0
 
 
-@dataclass(frozen=True)
 class Node:
-    """A segment node (level > 0) as read: its references and the first sample of each."""
+    """A segment node (level > 0) as read: the first sample under each of its references, and
+    the references.
 
-    path: str
-    level: int
-    children: tuple[SegmentRef, ...]
-    starts: list[int]
-    num_chunks: int
+    A 1.5 node read to find one sample (``lazy``) keeps its references as JSON: ``child(k)``
+    decodes and checks one, ``children`` all of them (with the checks a whole node has: each
+    level, the chunks adding up to the node's reference)."""
+
+    __slots__ = ("_children", "_data", "_one", "_raws", "_ref", "_where", "starts")
+
+    def __init__(
+        self,
+        ref: SegmentRef,
+        starts: list[int],
+        children: tuple[SegmentRef, ...] | None = None,
+        lazy: tuple[RawRefs, bytes, str] | None = None,
+    ) -> None:
+        self._ref, self.starts, self._children = ref, starts, children
+        self._raws, self._data, self._where = lazy or ([], b"", "")
+        self._one: dict[int, SegmentRef] = {}
+
+    @property
+    def children(self) -> tuple[SegmentRef, ...]:
+        if self._children is None:
+            # The bytes were checked against the reference; the whole decode and check add
+            # what the lazy one left out: every reference's level and the chunks' sum.
+            doc = fmt.decode(self._data, SegmentNode, self._where)
+            fmt.check_segment(self._ref, doc, self._where)
+            self._children = doc.segments
+            self._raws, self._data = [], b""
+        return self._children
+
+    def child(self, k: int) -> SegmentRef:
+        """Reference ``k`` of the node (decoded and checked alone while the rest are not)."""
+        raws = self._raws  # first: ``children`` sets them before it lets the JSON go
+        if self._children is not None:
+            return self._children[k]
+        got = self._one.get(k)
+        if got is None:
+            count = self.starts[k + 1] - self.starts[k]
+            got = self._one[k] = fmt.node_child(raws[k], count, self.level, self._where)
+        return got
+
+    @property
+    def path(self) -> str:
+        return self._ref.path
+
+    @property
+    def level(self) -> int:
+        return self._ref.level
+
+    @property
+    def num_chunks(self) -> int:
+        return self._ref.num_chunks
 
     @property
     def num_samples(self) -> int:
@@ -162,7 +207,7 @@ class Segments:
         while isinstance(got, Node):
             i = bisect_right(got.starts, local) - 1
             local -= got.starts[i]
-            got = self.read(got.children[i], version=version, lazy=True)
+            got = self.read(got.child(i), version=version, lazy=True)
         return got, local
 
     def chunks(self, refs: Sequence[SegmentRef], *, version: int | None = None) -> list[ChunkRef]:
@@ -230,22 +275,30 @@ class Segments:
         self, ref: SegmentRef, data: bytes | None, version: int | None, lazy: bool = False
     ) -> Loaded:
         """The segment file from the bytes read under its path (None: missing), checked."""
-        where = self._where(ref, version)
+        keep = self._where(ref, None)  # a cached file's errors name it alone
+        where = keep if version is None else f"{keep} (needed by version {version})"
         if data is None:
             raise MissingDataError(f"{where} is missing")
         if len(data) != ref.size or crc32(data) != ref.crc32:
             raise ChecksumError(f"{where} does not match its checksum")
         got: Loaded | None = None
-        if ref.level:
-            got = self._loaded(ref, fmt.decode(data, SegmentNode, where), where)
-        elif lazy and data.rfind(b'"counts"') >= 0:  # a hint; a writer puts them last
-            index = fmt.decode(data, SegmentIndex, where)
-            if index.counts is not None:
-                starts = fmt.check_segment(ref, index, where)
-                # Its errors name the file alone: it is cached for every version naming it.
-                got = Leaf(ref.path, starts, lazy=(index.chunks, data, self._where(ref, None)))
+        # Counts (1.4 segments, 1.5 nodes) are a hint in the bytes, which a writer puts last:
+        # without them a reader of one sample decodes the whole file.
+        if lazy and data.rfind(b'"counts"') >= 0:
+            if ref.level:
+                node = fmt.decode(data, SegmentNodeIndex, where)
+                if node.counts is not None:
+                    starts = fmt.check_segment(ref, node, where)
+                    lazy_refs = (node.segments, data, keep)
+                    got = Node(ref, starts, lazy=lazy_refs)
+            else:
+                index = fmt.decode(data, SegmentIndex, where)
+                if index.counts is not None:
+                    starts = fmt.check_segment(ref, index, where)
+                    got = Leaf(ref.path, starts, lazy=(index.chunks, data, keep))
         if got is None:
-            got = self._loaded(ref, fmt.decode(data, Segment, where), where)
+            kind: type[Segment] | type[SegmentNode] = SegmentNode if ref.level else Segment
+            got = self._loaded(ref, fmt.decode(data, kind, where), where)
         self._remember(got)
         return got
 
@@ -255,7 +308,7 @@ class Segments:
         starts = fmt.check_segment(ref, doc, where)
         if isinstance(doc, Segment):
             return Leaf(ref.path, starts, doc.chunks)
-        return Node(ref.path, ref.level, doc.segments, starts, ref.num_chunks)
+        return Node(ref, starts, children=doc.segments)
 
     def _remember(self, got: Loaded) -> None:
         with self._lock:
@@ -337,7 +390,7 @@ class Segments:
         """One node over ``refs`` (all of one level)."""
         return self._once(
             ("node", *(r.path for r in refs)),
-            lambda: self._write(SegmentNode(segments=tuple(refs)), refs[0].level + 1),
+            lambda: self._write(fmt.new_node(tuple(refs)), refs[0].level + 1),
         )
 
     def _once(self, key: tuple[object, ...], write: Callable[[], SegmentRef]) -> SegmentRef:

@@ -24,7 +24,8 @@ whose every version adds --chunks-per-version chunk references (10), then these 
 
 Beside open + locate, txn lookup, log and time travel, a floor (``*_floor_ms``): the least
 any reader of this layout does for the same kind of request, on targets of its own drawn at
-random (so its files are as cold as the timed operation's): read the files with the backend's
+random (so its files are as cold as the timed operation's), each run in turn with one of the
+figure's (so that caches warming over the runs warm both alike): read the files with the backend's
 plain ``read`` and decode only the fields it needs, no checks. Open: HEAD, a probe for the
 version after it (HEAD is a hint), the manifest, the segment files down to a random sample
 and its chunk file; time travel: the same from an old version's manifest; lookup: HEAD and the
@@ -251,6 +252,19 @@ def floor_log(storage: Any, limit: int) -> None:
         _decode_commit(storage.read(manifest_key(v)))
 
 
+def paired(
+    figure: Callable[[], float], floor: Callable[[], float], repeat: int
+) -> tuple[list[float], list[float]]:
+    """``repeat`` runs of a figure and of its floor, in turn (each pair in the other order
+    than the last): caches that warm over the runs (the directory blocks of a million
+    files) warm both alike, where a floor run after all the figure's found them warm."""
+    runs: tuple[list[float], list[float]] = ([], [])
+    for k in range(repeat):
+        for which in (0, 1) if k % 2 == 0 else (1, 0):
+            runs[which].append((figure, floor)[which]())
+    return runs
+
+
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     start = time.perf_counter()
     result = fn()
@@ -315,27 +329,35 @@ def measure(
         snap = open_(uri).snapshot()
         return snap[rng.randrange(len(snap))]
 
-    out["open_locate_ms"] = summary([timed(open_locate)[0] for _ in range(repeat)])
     # The floors' targets come from a generator of their own: other files, as cold.
     floor_rng = random.Random(rng.random())
     plain = open_storage(uri, options)
-    out["open_locate_floor_ms"] = summary(
-        [timed(partial(floor_open, plain, floor_rng.random()))[0] for _ in range(repeat)]
+    opens, floors = paired(
+        lambda: timed(open_locate)[0],
+        lambda: timed(partial(floor_open, plain, floor_rng.random()))[0],
+        repeat,
     )
+    out["open_locate_ms"], out["open_locate_floor_ms"] = summary(opens), summary(floors)
 
     old_ids = [f"history-{rng.randint(2, history)}" for _ in range(repeat)] if history > 1 else []
-    lookups = []
-    for txn_id in old_ids:
+
+    def lookup(txn_id: str) -> float:
         ms, commit = timed(partial(store.append, [sample(0)], txn_id=txn_id))
         if commit.attempts != 0 or commit.txn_id != txn_id:
             raise RuntimeError(f"txn lookup of {txn_id}: committed again ({commit})")
-        lookups.append(ms)
-    out["txn_lookup_ms"] = summary(lookups) if lookups else None
+        return ms
+
     if history > 1:
         floor_ids = [f"history-{floor_rng.randint(2, history)}" for _ in range(repeat)]
-        out["txn_lookup_floor_ms"] = summary(
-            [timed(partial(floor_lookup, plain, t))[0] for t in floor_ids]
+        ids, floor_ids_left = iter(old_ids), iter(floor_ids)
+        lookups, floors = paired(
+            lambda: lookup(next(ids)),
+            lambda: timed(partial(floor_lookup, plain, next(floor_ids_left)))[0],
+            repeat,
         )
+        out["txn_lookup_ms"], out["txn_lookup_floor_ms"] = summary(lookups), summary(floors)
+    else:
+        out["txn_lookup_ms"] = None
     # The same again through a store opened anew (none of its caches), their files now in
     # the file system's caches: how much of a lookup is the disk (a marker and a manifest
     # among millions of files), not txstore.
@@ -343,34 +365,34 @@ def measure(
     again = [timed(partial(reopened.append, [sample(0)], txn_id=t))[0] for t in old_ids]
     out["txn_lookup_again_ms"] = summary(again) if again else None
 
-    logs = []
-    for _ in range(repeat):
+    def log20() -> float:
         fresh = open_(uri)
         ms, entries = timed(partial(fresh.log, limit=20))
         if len(entries) != min(20, fresh.version + 1):
             raise RuntimeError(f"log(limit=20) gave {len(entries)} entries")
-        logs.append(ms)
-    out["log20_ms"] = summary(logs)
-    out["log20_floor_ms"] = summary([timed(partial(floor_log, plain, 20))[0] for _ in logs])
+        return ms
 
-    travels = []
+    logs, floors = paired(log20, lambda: timed(partial(floor_log, plain, 20))[0], repeat)
+    out["log20_ms"], out["log20_floor_ms"] = summary(logs), summary(floors)
+
     latest = store.version
-    for _ in range(repeat):
-        fresh = open_(uri)
+
+    def travel() -> float:
+        fresh = open_(uri)  # untimed: its caches cold
         v = rng.randint(1, latest - 1)
 
-        def travel(f: Any = fresh, v: int = v) -> Any:
-            snap = f.snapshot(v)
+        def read() -> Any:
+            snap = fresh.snapshot(v)
             return snap[rng.randrange(len(snap))]
 
-        travels.append(timed(travel)[0])
-    out["time_travel_ms"] = summary(travels)
-    out["time_travel_floor_ms"] = summary(
-        [
-            timed(partial(floor_locate, plain, manifest_key(v), floor_rng.random()))[0]
-            for v in (floor_rng.randint(1, latest - 1) for _ in range(repeat))
-        ]
-    )
+        return timed(read)[0]
+
+    def travel_floor() -> float:
+        key = manifest_key(floor_rng.randint(1, latest - 1))
+        return timed(partial(floor_locate, plain, key, floor_rng.random()))[0]
+
+    travels, floors = paired(travel, travel_floor, repeat)
+    out["time_travel_ms"], out["time_travel_floor_ms"] = summary(travels), summary(floors)
 
     # Expire the oldest 1% (at least one version), then vacuum them.
     latest = store.version

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+import txstore
 from txstore.storage import Storage, open_storage
 
 from .conftest import S3Server
@@ -49,6 +50,37 @@ class TestS3Storage(StorageSuite):
             config_kwargs={"retries": {"max_attempts": 1}},
         )
         return open_storage(f"s3://{s3_server.new_bucket()}/{uuid.uuid4().hex}", options)
+
+
+def test_stores_opened_with_the_same_options_share_a_client(s3_server: S3Server) -> None:
+    """Opening a store again in the same process reuses the S3 client of the first open (a
+    new client costs 100-200 ms before its first request, most of what an open took);
+    other options (another endpoint, other credentials) get a client of their own."""
+    uri = f"s3://{s3_server.new_bucket()}/store"
+    txstore.create(uri, storage_options=s3_server.options).append([{"i": 1}])
+    first = txstore.open(uri, storage_options=dict(s3_server.options))
+    again = txstore.open(uri, storage_options=dict(s3_server.options))
+    assert first.snapshot()[0] == again.snapshot()[0] == {"i": 1}
+    client = first.storage._fs  # type: ignore[attr-defined]
+    assert again.storage._fs is client  # type: ignore[attr-defined]
+    for other in (
+        dict(s3_server.options, endpoint_url=f"http://127.0.0.1:{_closed_port()}"),
+        dict(s3_server.options, key="someone-else"),
+    ):
+        assert open_storage(uri, other)._fs is not client  # type: ignore[attr-defined]
+
+
+def test_a_shared_client_answers_what_another_store_wrote_since(s3_server: S3Server) -> None:
+    """Two stores on the same client see each other's writes at once: nothing is cached."""
+    uri = f"s3://{s3_server.new_bucket()}/store"
+    first, second = open_storage(uri, s3_server.options), open_storage(uri, s3_server.options)
+    assert not first.exists("refs/a.json") and list(first.list("refs/")) == []
+    second.write("refs/a.json", b"1")
+    assert first.exists("refs/a.json")
+    assert [f.key for f in first.list("refs/")] == ["refs/a.json"]
+    assert first.read("refs/a.json") == b"1"
+    second.delete("refs/a.json")
+    assert not first.exists("refs/a.json") and list(first.list("refs/")) == []
 
 
 def test_a_whole_read_is_one_request(s3_server: S3Server, proxy: Any) -> None:

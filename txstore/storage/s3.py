@@ -62,13 +62,15 @@ class S3Storage(LoopReads, Storage):
     def __init__(self, uri: str, storage_options: dict[str, Any] | None = None) -> None:
         self.uri = uri.rstrip("/")
         self.storage_options = dict(storage_options or {})
-        # Fresh answers matter more than saved round trips: no instance or listings cache.
         options = dict(self.storage_options)
         config = dict(options.pop("config_kwargs", None) or {})
         config.setdefault("max_pool_connections", _POOL_CONNECTIONS)
-        self._fs = s3fs.S3FileSystem(
-            skip_instance_cache=True, use_listings_cache=False, config_kwargs=config, **options
-        )
+        # No listings cache: fresh answers matter more than saved round trips. fsspec's
+        # instance cache is kept: stores opened with the same options in a process share one
+        # client, which holds connections but no answers. A new client costs 100-200 ms
+        # before its first request (botocore loads its models and builds its event tables):
+        # without the cache, that was most of every open of a store.
+        self._fs = s3fs.S3FileSystem(use_listings_cache=False, config_kwargs=config, **options)
         self._root = self.uri.removeprefix("s3://")
         self._bucket, _, self._prefix = self._root.partition("/")
 

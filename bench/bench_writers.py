@@ -14,10 +14,10 @@ run lasts ``--duration`` seconds (default 10; ``--quick``: 3, and N in 1, 2, 4).
   ``StagedWriter(handle)`` and hands its ``StagedPart`` back as JSON; the coordinator ``add``s
   every part (which reads each chunk back) and commits once. Rounds follow one another: one
   commit per round of N parts. Samples/s and commits/s are reported.
-- ``staged-reuse``: as ``staged``, but each writer process keeps the storage (s3fs client,
-  connections) of its first writer and gives it to every later one
-  (``StagedWriter(handle, storage=...)``): ``StagedWriter(handle)`` alone opens a new client
-  per transaction, and this separates that cost from the protocol's.
+- ``staged-reuse``: as ``staged``, but each writer process keeps the storage of its first
+  writer and gives it to every later one (``StagedWriter(handle, storage=...)``).
+  ``StagedWriter(handle)`` alone opens a new storage per transaction, which shares the
+  process's s3fs client (same options); this shows what the storage object itself costs.
 
 S3 requests are counted in each process at s3fs's one door to the S3 API (its ``_call_s3``,
 wrapped here, not in txstore): by operation and by kind of object (manifest, HEAD, chunk,
@@ -189,9 +189,10 @@ def staged_writer(spec: dict[str, Any], inbox: Any, out: Any) -> None:
         storage = writer.storage
         if spec["reuse_client"]:
             kept = storage
-        if id(storage) not in counters:  # a new client (each time, unless reused)
-            counters = {id(storage): RequestCounter(storage)}
-        counter = counters[id(storage)]
+        # One counter a client: stores opened with the same options share one (s3.py).
+        if id(storage._fs) not in counters:
+            counters = {id(storage._fs): RequestCounter(storage)}
+        counter = counters[id(storage._fs)]
         before = counter.snapshot()
         writer.write(make_samples(i, seq, spec["samples"], spec["sample_bytes"]))
         part = writer.finish()

@@ -190,9 +190,10 @@ def staged_writer(spec: dict[str, Any], inbox: Any, out: Any) -> None:
         if spec["reuse_client"]:
             kept = storage
         # One counter a client: stores opened with the same options share one (s3.py).
-        if id(storage._fs) not in counters:
-            counters = {id(storage._fs): RequestCounter(storage)}
-        counter = counters[id(storage._fs)]
+        client = id(getattr(storage, "_fs"))  # noqa: B009 (an S3Storage's; Storage has none)
+        if client not in counters:
+            counters = {client: RequestCounter(storage)}
+        counter = counters[client]
         before = counter.snapshot()
         writer.write(make_samples(i, seq, spec["samples"], spec["sample_bytes"]))
         part = writer.finish()

@@ -269,8 +269,9 @@ class Segment(_Document, tag="segment", kw_only=True, frozen=True):
     counts: tuple[Count, ...] | None = None
 
 
-#: A segment's chunk references, each left as its JSON.
-RawRefs = list[msgspec.Raw]
+#: A reference (a chunk's, a segment's) left as its JSON; a file's references, each so.
+RawRef = msgspec.Raw
+RawRefs = list[RawRef]
 
 
 class SegmentIndex(_Document, tag="segment", kw_only=True, frozen=True):

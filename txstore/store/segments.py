@@ -18,12 +18,14 @@ from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from functools import partial
+from typing import Generic, TypeVar
 
 from ..errors import ChecksumError, CorruptError, MissingDataError, NotFoundError
 from ..format import manifest as fmt
 from ..format.codec import crc32
 from ..format.manifest import (
     ChunkRef,
+    RawRef,
     RawRefs,
     Segment,
     SegmentIndex,
@@ -40,15 +42,65 @@ NODE_FANOUT = 16
 _COUNTER_TAIL = MAX_SEGMENT_CHUNKS.bit_length()
 _CACHE_SEGMENTS = 256
 
+T = TypeVar("T", ChunkRef, SegmentRef)
 
-class Leaf:
-    """A segment (level 0) as read: the first sample of each chunk within it, and its chunks.
 
-    A 1.4 segment read to find one sample (``lazy``) keeps its chunk references as JSON:
-    ``chunk(k)`` decodes and checks one, ``chunks`` all of them (a reader of one sample in a
-    leaf of hundreds of chunks decodes one reference, not every one)."""
+class _Lazy(Generic[T]):
+    """A segment file as read: the first sample under each of its items (a segment's chunk
+    references, a node's segment references), and the items.
 
-    __slots__ = ("_chunks", "_data", "_one", "_raws", "_where", "path", "starts")
+    A file with counts (segments since 1.4, nodes since 1.5) read to find one sample
+    (``lazy``) keeps its items as JSON: ``item(k)`` decodes and checks one against its count,
+    ``items`` decodes them all with the checks the whole file has (a reader of one sample
+    decodes one reference where the file holds up to hundreds)."""
+
+    __slots__ = ("_data", "_items", "_one", "_raws", "_where", "starts")
+
+    def __init__(
+        self,
+        starts: list[int],
+        items: tuple[T, ...] | None = None,
+        lazy: tuple[RawRefs, bytes, str] | None = None,
+    ) -> None:
+        self.starts = starts
+        self._items: tuple[T, ...] | None = items
+        self._raws, self._data, self._where = lazy or ([], b"", "")
+        self._one: dict[int, T] = {}
+
+    def _decode_all(self, data: bytes, where: str) -> tuple[T, ...]:
+        raise NotImplementedError
+
+    def _decode_one(self, raw: RawRef, count: int, where: str) -> T:
+        raise NotImplementedError
+
+    @property
+    def items(self) -> tuple[T, ...]:
+        if self._items is None:
+            # The bytes were checked against the reference, and the counts against it.
+            self._items = self._decode_all(self._data, self._where)
+            self._raws, self._data = [], b""
+        return self._items
+
+    def item(self, k: int) -> T:
+        """Item ``k`` (decoded and checked alone while the rest are not)."""
+        raws = self._raws  # first: ``items`` sets the items before it lets the JSON go
+        if self._items is not None:
+            return self._items[k]
+        got = self._one.get(k)
+        if got is None:
+            count = self.starts[k + 1] - self.starts[k]
+            got = self._one[k] = self._decode_one(raws[k], count, self._where)
+        return got
+
+    @property
+    def num_samples(self) -> int:
+        return self.starts[-1]
+
+
+class Leaf(_Lazy[ChunkRef]):
+    """A segment (level 0): its chunks."""
+
+    __slots__ = ("path",)
 
     def __init__(
         self,
@@ -57,33 +109,19 @@ class Leaf:
         chunks: tuple[ChunkRef, ...] | None = None,
         lazy: tuple[RawRefs, bytes, str] | None = None,
     ) -> None:
-        self.path, self.starts, self._chunks = path, starts, chunks
-        self._raws, self._data, self._where = lazy or ([], b"", "")
-        self._one: dict[int, ChunkRef] = {}
+        super().__init__(starts, chunks, lazy)
+        self.path = path
 
-    @property
-    def chunks(self) -> tuple[ChunkRef, ...]:
-        if self._chunks is None:
-            # The bytes were checked against the reference and their counts against it: the
-            # whole decode checks every chunk reference and that the counts are theirs.
-            self._chunks = fmt.decode(self._data, Segment, self._where).chunks
-            self._raws, self._data = [], b""
-        return self._chunks
+    def _decode_all(self, data: bytes, where: str) -> tuple[ChunkRef, ...]:
+        # Checks every chunk reference and that the counts are theirs.
+        return fmt.decode(data, Segment, where).chunks
 
-    def chunk(self, k: int) -> ChunkRef:
-        """Chunk ``k`` of the segment (decoded and checked alone while the rest are not)."""
-        raws = self._raws  # first: ``chunks`` sets the chunks before it lets the JSON go
-        if self._chunks is not None:
-            return self._chunks[k]
-        got = self._one.get(k)
-        if got is None:
-            count = self.starts[k + 1] - self.starts[k]
-            got = self._one[k] = fmt.segment_chunk(raws[k], count, self._where)
-        return got
+    def _decode_one(self, raw: RawRef, count: int, where: str) -> ChunkRef:
+        return fmt.segment_chunk(raw, count, where)
 
-    @property
-    def num_samples(self) -> int:
-        return self.starts[-1]
+    # The same functions under the names of what they are here (no call in between).
+    chunks = _Lazy.items
+    chunk = _Lazy.item
 
     @property
     def num_chunks(self) -> int:
@@ -94,15 +132,10 @@ class Leaf:
         return 0
 
 
-class Node:
-    """A segment node (level > 0) as read: the first sample under each of its references, and
-    the references.
+class Node(_Lazy[SegmentRef]):
+    """A segment node (level > 0): its references, one level down."""
 
-    A 1.5 node read to find one sample (``lazy``) keeps its references as JSON: ``child(k)``
-    decodes and checks one, ``children`` all of them (with the checks a whole node has: each
-    level, the chunks adding up to the node's reference)."""
-
-    __slots__ = ("_children", "_data", "_one", "_raws", "_ref", "_where", "starts")
+    __slots__ = ("_ref",)
 
     def __init__(
         self,
@@ -111,31 +144,20 @@ class Node:
         children: tuple[SegmentRef, ...] | None = None,
         lazy: tuple[RawRefs, bytes, str] | None = None,
     ) -> None:
-        self._ref, self.starts, self._children = ref, starts, children
-        self._raws, self._data, self._where = lazy or ([], b"", "")
-        self._one: dict[int, SegmentRef] = {}
+        super().__init__(starts, children, lazy)
+        self._ref = ref
 
-    @property
-    def children(self) -> tuple[SegmentRef, ...]:
-        if self._children is None:
-            # The bytes were checked against the reference; the whole decode and check add
-            # what the lazy one left out: every reference's level and the chunks' sum.
-            doc = fmt.decode(self._data, SegmentNode, self._where)
-            fmt.check_segment(self._ref, doc, self._where)
-            self._children = doc.segments
-            self._raws, self._data = [], b""
-        return self._children
+    def _decode_all(self, data: bytes, where: str) -> tuple[SegmentRef, ...]:
+        # What the lazy reader left out: every reference's level, and the chunks' sum.
+        doc = fmt.decode(data, SegmentNode, where)
+        fmt.check_segment(self._ref, doc, where)
+        return doc.segments
 
-    def child(self, k: int) -> SegmentRef:
-        """Reference ``k`` of the node (decoded and checked alone while the rest are not)."""
-        raws = self._raws  # first: ``children`` sets them before it lets the JSON go
-        if self._children is not None:
-            return self._children[k]
-        got = self._one.get(k)
-        if got is None:
-            count = self.starts[k + 1] - self.starts[k]
-            got = self._one[k] = fmt.node_child(raws[k], count, self.level, self._where)
-        return got
+    def _decode_one(self, raw: RawRef, count: int, where: str) -> SegmentRef:
+        return fmt.node_child(raw, count, self.level, where)
+
+    children = _Lazy.items
+    child = _Lazy.item
 
     @property
     def path(self) -> str:
@@ -148,10 +170,6 @@ class Node:
     @property
     def num_chunks(self) -> int:
         return self._ref.num_chunks
-
-    @property
-    def num_samples(self) -> int:
-        return self.starts[-1]
 
 
 Loaded = Leaf | Node

@@ -41,7 +41,10 @@ How the history is built, fast and honestly: through the real commit path
 and HEAD), each version with its own ``txn_id``, on a memory:// store, where that runs at
 thousands of versions a second. Version 1 is a real one-sample append; every later version
 of the history names its chunk ``--chunks-per-version`` times, so chunk files are not written
-and every sample of every version is readable (each reference is to a real one-sample chunk).
+and every sample of every version is readable (each reference is to a real one-sample chunk);
+the writer's memory of merges already done is cleared before each version, so each writes
+segment files of its own (as versions adding their own chunks do) instead of finding the
+same merges done and sharing a few files across the whole history.
 For the local backend the built store's objects (manifests, segments, txn markers, HEAD,
 refs) are then copied byte for byte into a directory, followed by one ``os.sync()``:
 the same files the commits would have left, without one fsync per file; for S3, into a prefix
@@ -133,6 +136,11 @@ def build_history(uri: str, versions: int, chunks_per_version: int) -> tuple[Any
     ctx = store._ctx
     manifest = store.snapshot().manifest
     for v in range(2, versions + 1):
+        # The writer remembers its merges for a rebase to redo them without writing again;
+        # here every version adds the same references, so it would find each merge done
+        # before and the whole history would share a few segment files. Forgotten, each
+        # version writes its own, as versions adding their own chunks do.
+        ctx.segments._merged.clear()
         manifest = ctx.append_chunks(chunks, start=manifest, txn_id=f"history-{v}").manifest
         if manifest.version != v:
             raise RuntimeError(f"history build: committed version {manifest.version}, not {v}")

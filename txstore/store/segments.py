@@ -35,7 +35,7 @@ from ..format.manifest import (
 )
 from ..storage import Storage
 
-MAX_SEGMENT_CHUNKS = 128
+MAX_SEGMENT_CHUNKS = 256
 NODE_FANOUT = 16
 # The binary counter keeps at most log2(MAX_SEGMENT_CHUNKS) + 1 growing segments at the end:
 # packing them into a node would freeze them small.

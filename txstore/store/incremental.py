@@ -79,6 +79,10 @@ class Trees:
         # this one's new side) reuses. A failed read is remembered too, and judged again for
         # each version that needs the file.
         self._loaded: dict[str, Loaded | TxstoreError] = {}
+        # The segment files under each node, worked out once a run: every comparison that
+        # drops a segment looks it up under the shared nodes, which would otherwise mean
+        # walking the whole shared tree once per version compared.
+        self._below: dict[str, frozenset[str]] = {}
         self.skipped = 0
 
     def trim(self) -> None:
@@ -165,16 +169,44 @@ class Trees:
         # the shared nodes (a few, and read once a run: they persist). If a shared subtree
         # cannot be read, nothing is called removed: it leaks to the full vacuum.
         if removed and shared:
-            chunks = any(not f.startswith(fmt.SEGMENTS) for f in removed)
             before = self.skipped
-            under = self._under(shared, new.version, leaves=chunks)
-            removed = set() if self.skipped != before else removed - under
+            # What the new version names again, as a shared subtree or under one.
+            named = {r.path for r in shared} & removed
+            if any(not f.startswith(fmt.SEGMENTS) for f in removed):
+                named |= removed & self._under(shared, new.version)
+            else:
+                for ref in shared:
+                    if ref.level:
+                        named |= removed & self._segments_below(ref, new.version)
+            removed = set() if self.skipped != before else removed - named
         return Change(removed, new_files - old_files, complete=self.skipped == skipped)
 
-    def _under(self, refs: Sequence[SegmentRef], version: int, *, leaves: bool) -> set[str]:
-        """Every segment under ``refs`` and, with ``leaves``, every chunk and field file."""
+    def _segments_below(self, ref: SegmentRef, version: int) -> frozenset[str]:
+        """Every segment file under the node ``ref`` (empty, with ``skipped`` counted, where
+        a node cannot be read)."""
+        known = self._below.get(ref.path)
+        if known is not None:
+            return known
+        before = self.skipped
+        (got,) = self.load([ref], version, keep_leaves=False)
+        if not isinstance(got, Node):
+            return frozenset()
+        nodes = [c for c in got.children if c.level and c.path not in self._below]
+        if len(nodes) > 1:
+            self.load(nodes, version, keep_leaves=False)  # read together, then remembered
+        paths = {c.path for c in got.children}
+        for child in got.children:
+            if child.level:
+                paths |= self._segments_below(child, version)
+        if self.skipped != before:
+            return frozenset(paths)  # incomplete: not remembered
+        self._below[ref.path] = frozen = frozenset(paths)
+        return frozen
+
+    def _under(self, refs: Sequence[SegmentRef], version: int) -> set[str]:
+        """Every segment, chunk and field file under ``refs``."""
         found: set[str] = set()
-        level = [r for r in refs if leaves or r.level > 0]
+        level = list(refs)
         while level:
             below: dict[str, SegmentRef] = {}
             for got in self.load(level, version, keep_leaves=False):
@@ -182,8 +214,7 @@ class Trees:
                     for child in got.children:
                         if child.path not in found:
                             found.add(child.path)
-                            if leaves or child.level > 0:
-                                below[child.path] = child
+                            below[child.path] = child
                 elif isinstance(got, Leaf):
                     for chunk in got.chunks:
                         found.update(f.path for f in chunk_files(chunk))

@@ -29,10 +29,10 @@ import txstore
 from txstore.errors import ConflictError, CorruptError, TxstoreError, VersionExpiredError
 from txstore.format import manifest as fmt
 from txstore.storage import Storage, open_storage
-from txstore.store import Store
+from txstore.store import Store, incremental
 from txstore.store import segments as seg
-from txstore.store.incremental import STATE_KEY, read_state
-from txstore.store.maintenance import kept_versions, parse_grace, reach
+from txstore.store.incremental import STATE_KEY, Trees, read_state
+from txstore.store.maintenance import Kept, kept_versions, parse_grace, reach
 
 from .conftest import Backend
 from .workers import REPO, run_cli, spawn
@@ -492,6 +492,56 @@ def test_segments_named_twice_in_one_tree_stay(small_trees: None, backend: Backe
     assert done and done <= exact
     assert store.verify(deep=True).ok
     assert len(list(store.snapshot())) == 3 + 400 * 6
+
+
+def test_a_segment_still_named_at_the_top_is_not_removed() -> None:
+    """Hand-made trees: the parent names leaf S at its top and again under node N; the
+    version names S at its top and not N. S is shared, so only N and A left."""
+    import msgspec
+
+    uri = f"memory://{random.getrandbits(64):x}"
+    txstore.create(uri)
+    store = Store(open_storage(uri))
+    store.append(samples(0, 2))
+    base = store.snapshot().manifest
+    (chunk,) = store.snapshot().chunk_refs()
+    segs = store._ctx.segments
+    s, a, b = (segs._write(fmt.new_segment((chunk,)), 0) for _ in range(3))
+    node = segs._write(fmt.new_node((s, a)), 1)
+    n = chunk.num_samples
+    old = msgspec.structs.replace(base, version=2, parent=1, segments=(node, s), num_samples=3 * n)
+    new = msgspec.structs.replace(base, version=3, parent=2, segments=(s, b), num_samples=2 * n)
+    kept = Kept(latest=3, listed=(), protected=frozenset(), since=None)
+    change = Trees(segs, kept).compare(old, new)
+    assert change.removed == {node.path, a.path}
+    assert change.complete
+
+
+def test_a_run_reads_each_segment_file_a_few_times_however_long_the_history(
+    small_trees: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Counted reads, not times. With the run's cache of segment files smaller than the
+    history's nodes (as at a million versions with the real sizes), a first run over 300
+    versions reads each segment file at most three times: what is under a shared node is
+    worked out once, not by reading the shared tree again at every version compared."""
+    from .faults import FaultyStorage
+
+    monkeypatch.setattr(incremental, "_REMEMBER", 8)
+    uri = f"memory://{random.getrandbits(64):x}"
+    txstore.create(uri, chunk_bytes=1024, block_bytes=256)
+    store = Store(open_storage(uri))
+    for v in range(300):
+        store.append(samples(10 * v, 2))
+    levels = {r.level for r in store.snapshot().manifest.segments}
+    assert max(levels) >= 2  # nodes of nodes, shared by every version since
+    counted = FaultyStorage(open_storage(uri))
+    Store(counted).vacuum(grace=0, incremental=True)
+    reads: dict[str, int] = {}
+    for op, key in counted.calls:
+        if op in ("read", "read_many") and key.startswith("segments/"):
+            reads[key] = reads.get(key, 0) + 1
+    assert reads
+    assert max(reads.values()) <= 3
 
 
 # -- expire by age: bisection over commit times ----------------------------------------------

@@ -104,7 +104,8 @@ def floor_key(key: str) -> str:
     return key.removesuffix("_ms") + "_floor_ms"
 
 
-#: The maintenance target compares 1% expired and vacuumed with the same at this length.
+#: The maintenance target compares 1% expired and vacuumed, per expired version, with the
+#: same at this length.
 MAINTENANCE_BASE = 10_000
 
 
@@ -511,8 +512,10 @@ def ratios(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each figure at each size against the same backend's figure at the smallest size.
     A floored figure also gets its floor's ratio (``<key>_floor``) and its own ratio with
     the floor's growth taken out (``<key>_less_floor``: what txstore adds as the history
-    grows); expire + vacuum of 1% gets its ratio to the same at ``MAINTENANCE_BASE``
-    versions, when the run has that length (``maintenance_vs_base``)."""
+    grows); expire + vacuum of 1%, per expired version, gets its ratio to the same at
+    ``MAINTENANCE_BASE`` versions, when the run has that length (``maintenance_vs_base``):
+    1% of a longer history is more versions, and their cost is meant to be proportional to
+    them (per version flat), not to the history."""
 
     def med(row: dict[str, Any], key: str) -> float | None:
         value = row.get(key)
@@ -520,7 +523,10 @@ def ratios(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
     def maintenance(row: dict[str, Any]) -> float | None:
         expire, vacuum = med(row, "expire_ms"), med(row, "vacuum_incr_ms")
-        return None if expire is None or vacuum is None else expire + vacuum
+        expired = row.get("expired_versions")
+        if expire is None or vacuum is None or not expired:
+            return None
+        return (expire + vacuum) / expired
 
     out = []
     for backend in sorted({r["backend"] for r in rows}):

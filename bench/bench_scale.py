@@ -523,7 +523,7 @@ def ratios(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
     def maintenance(row: dict[str, Any]) -> float | None:
         expire, vacuum = med(row, "expire_ms"), med(row, "vacuum_incr_ms")
-        expired = row.get("expired_versions")
+        expired = int(row.get("expired_versions") or 0)
         if expire is None or vacuum is None or not expired:
             return None
         return (expire + vacuum) / expired

@@ -339,19 +339,23 @@ def measure(
     out["commit_ms"] = summary(commits)
     out["commit_reference_ms"] = summary(references)
 
+    def sample_at(snap: Any, where: float) -> Any:
+        return snap[int(where * len(snap))]
+
+    def open_at(where: float) -> float:
+        return timed(lambda: sample_at(open_(uri).snapshot(), where))[0]
+
     open_targets: list[float] = []
 
-    def open_locate() -> Any:
-        snap = open_(uri).snapshot()
-        where = rng.random()
-        open_targets.append(where)
-        return snap[int(where * len(snap))]
+    def open_locate() -> float:
+        open_targets.append(rng.random())
+        return open_at(open_targets[-1])
 
     # The floors' targets come from a generator of their own: other files, as cold.
     floor_rng = random.Random(rng.random())
     plain = open_storage(uri, options)
     opens, floors = paired(
-        lambda: timed(open_locate)[0],
+        open_locate,
         lambda: timed(partial(floor_open, plain, floor_rng.random()))[0],
         repeat,
     )
@@ -395,18 +399,15 @@ def measure(
 
     latest = store.version
 
+    def travel_at(v: int, where: float) -> float:
+        fresh = open_(uri)  # untimed: its caches cold
+        return timed(lambda: sample_at(fresh.snapshot(v), where))[0]
+
     travel_targets: list[tuple[int, float]] = []
 
     def travel() -> float:
-        fresh = open_(uri)  # untimed: its caches cold
-        v, where = rng.randint(1, latest - 1), rng.random()
-        travel_targets.append((v, where))
-
-        def read() -> Any:
-            snap = fresh.snapshot(v)
-            return snap[int(where * len(snap))]
-
-        return timed(read)[0]
+        travel_targets.append((rng.randint(1, latest - 1), rng.random()))
+        return travel_at(*travel_targets[-1])
 
     def travel_floor() -> float:
         key = manifest_key(floor_rng.randint(1, latest - 1))
@@ -418,24 +419,8 @@ def measure(
     # Open + [i] and time travel again on the same targets, their files now in the file
     # system's caches (as the lookups above): what of their growth is txstore's, not the
     # disk's, where a cold read among millions of files is what the medians measure.
-    def open_again(where: float) -> float:
-        def read() -> Any:
-            snap = open_(uri).snapshot()
-            return snap[int(where * len(snap))]
-
-        return timed(read)[0]
-
-    def travel_again(v: int, where: float) -> float:
-        fresh = open_(uri)
-
-        def read() -> Any:
-            snap = fresh.snapshot(v)
-            return snap[int(where * len(snap))]
-
-        return timed(read)[0]
-
-    out["open_locate_again_ms"] = summary([open_again(w) for w in open_targets])
-    out["time_travel_again_ms"] = summary([travel_again(v, w) for v, w in travel_targets])
+    out["open_locate_again_ms"] = summary([open_at(w) for w in open_targets])
+    out["time_travel_again_ms"] = summary([travel_at(v, w) for v, w in travel_targets])
 
     # Expire the oldest 1% (at least one version), then vacuum them.
     latest = store.version

@@ -984,11 +984,15 @@ def _read_id_lines(report: Report) -> list[str]:
     rows = [[r["read"], f"{r['median_s'] * 1e3:.2f}"] for r in reads]
     floor = next(r["median_s"] for r in reads if r["read"].startswith("one pread"))
     lance = next(r["median_s"] for r in report["add_field_from_id"] if "lance" in r["system"])
+    where = (
+        "pieces of its own of up to 4096 values (a column stored apart, docs/format.md §7.6)"
+        if report.get("id_apart")
+        else "frames, one per block of about 64 KiB (a block holds every field of its samples)"
+    )
     return [
         f"Reading `id` alone, warm. In txstore's chunks `id` sits in {report['id_frames']:,} "
-        "frames, one per block of about 64 KiB (a block holds every field of its samples), so "
-        "any reader of it reads that many ranges of the files; a pread of each, and nothing "
-        f"else, takes {floor / lance:.0%} of Lance's whole `add_columns`:\n",
+        f"{where}, so any reader of it reads that many ranges of the files; a pread of each, "
+        f"and nothing else, takes {floor / lance:.0%} of Lance's whole `add_columns`:\n",
         table(["read", "median ms"], rows) + "\n",
     ]
 

@@ -1,7 +1,9 @@
 """Chunk files taken apart and put together again by tests, per docs/format.md §7 and not
 through txstore's reader: a footer as a tree of MessagePack values, ``[major, minor,
 num_samples, columns, [[num_samples, [frame, ...]], ...]]``, whichever layout the file has
-(the packed footer of format 3 or the list of formats 1 and 2)."""
+(the packed footer of format 3 or the list of formats 1 and 2), and from major 4 a sixth item
+when the file has columns stored apart: ``[[column, [[num_samples, frame], ...]], ...]``, a
+piece's sample count and frame per piece (§7.6)."""
 
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ def split(data: bytes) -> tuple[bytes, Any]:
     start = len(data) - TRAILER.size - length
     footer = msgspec.msgpack.decode(data[start : start + length])
     if packed(data):
-        major, minor, num_samples, columns, blocks, starts, ends, frames = footer
+        major, minor, num_samples, columns, blocks, starts, ends, frames, *apart = footer
         assert blocks == []
         count = len(ends) // 4
         first = struct.unpack(f"<{count + 1}Q", starts)
@@ -38,6 +40,11 @@ def split(data: bytes) -> tuple[bytes, Any]:
             for k in range(count)
         ]
         footer = [major, minor, num_samples, columns, listed]
+        for column, piece_starts, piece_frames in apart[0] if apart else ():
+            footer[5:] = footer[5:] or [[]]
+            bounds = struct.unpack(f"<{len(piece_frames) + 1}Q", piece_starts)
+            pieces = [[b - a, f] for a, b, f in zip(bounds, bounds[1:], piece_frames, strict=False)]
+            footer[5].append([column, pieces])
     return data[:start], footer
 
 
@@ -50,6 +57,21 @@ def pack(footer: Any) -> Any:
         framed = [msgspec.msgpack.encode(block[1]) for block in blocks]
         starts = itertools.accumulate((block[0] for block in blocks), initial=0)
         ends = list(itertools.accumulate(map(len, framed)))
+        if rest:  # the columns stored apart
+            rest = [
+                [
+                    [
+                        column,
+                        b"".join(
+                            struct.pack("<Q", start % 2**64)
+                            for start in itertools.accumulate((p[0] for p in pieces), initial=0)
+                        ),
+                        [p[1] for p in pieces],
+                    ]
+                    for column, pieces in rest[0]
+                ],
+                *rest[1:],
+            ]
         return [
             *head,
             [],

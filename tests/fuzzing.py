@@ -823,15 +823,28 @@ def reseal_data_file(root: Path, key: str, new_key: str | None = None) -> None:
 
 
 def _frames(footer: Any) -> list[tuple[int, int]]:
-    return [(b, f) for b, block in enumerate(footer[4]) for f in range(len(block[1]))]
+    """Every frame of a footer tree (``chunkfiles``): (block, frame) for a block's, and
+    (-1 - column's place in ``apart``, piece) for a piece of a column stored apart."""
+    out = [(b, f) for b, block in enumerate(footer[4]) for f in range(len(block[1]))]
+    for a, (_, pieces) in enumerate(footer[5] if len(footer) > 5 else ()):
+        out += [(-1 - a, p) for p in range(len(pieces))]
+    return out
+
+
+def _frame(footer: Any, b: int, f: int) -> tuple[Any, int]:
+    """The frame at (b, f) of ``_frames`` and the samples it holds."""
+    if b >= 0:
+        return footer[4][b][1][f], footer[4][b][0]
+    count, frame = footer[5][-1 - b][1][f]
+    return frame, count
 
 
 def _rebuild(body: bytes, footer: Any, replace: dict[tuple[int, int], bytes]) -> tuple[bytes, Any]:
     """The chunk's frames laid out again (some replaced by new raw frames), offsets fixed."""
     footer = copy.deepcopy(footer)
     out = bytearray(body[:8])
-    for b, f in sorted(_frames(footer), key=lambda bf: footer[4][bf[0]][1][bf[1]][1]):
-        frame = footer[4][b][1][f]
+    for b, f in sorted(_frames(footer), key=lambda bf: _frame(footer, *bf)[0][1]):
+        frame = _frame(footer, b, f)[0]
         stored = replace.get((b, f))
         if stored is None:
             stored = body[frame[1] : frame[1] + frame[2]]
@@ -847,8 +860,7 @@ def _plant_value(body: bytes, footer: Any, m: Mutation) -> tuple[bytes, Any, str
     if not frames:
         raise NotApplicable
     b, f = frames[m.node % len(frames)]
-    frame = footer[4][b][1][f]
-    n = footer[4][b][0]
+    frame, n = _frame(footer, b, f)
     stored = body[frame[1] : frame[1] + frame[2]]
     if frame[4] == 1:
         import zstandard
@@ -870,7 +882,8 @@ def _plant_value(body: bytes, footer: Any, m: Mutation) -> tuple[bytes, Any, str
         new += v
     new += struct.pack(f"<{n}I", *offsets)
     body2, footer2 = _rebuild(body, footer, {(b, f): bytes(new)})
-    return body2, footer2, f"block {b} frame {f} value {i} = {name}"
+    where = f"block {b} frame {f}" if b >= 0 else f"apart column {-1 - b} piece {f}"
+    return body2, footer2, f"{where} value {i} = {name}"
 
 
 @dataclass
@@ -932,7 +945,7 @@ def apply(root: Path, box: Path, template: Template, m: Mutation) -> Applied:
         if m.op == "frame-flip":
             frames = _frames(footer)
             b, f = frames[m.node % len(frames)]
-            frame = footer[4][b][1][f]
+            frame = _frame(footer, b, f)[0]
             at = frame[1] + m.pos % max(1, frame[2])
             body = body[:at] + bytes([body[at] ^ m.byte]) + body[at + 1 :]
             if m.reseal:  # a valid checksum over the flipped byte

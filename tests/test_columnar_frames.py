@@ -48,7 +48,11 @@ def _build(
 ) -> tuple[bytes, list[tuple[int, int, int]]]:
     """The batch added as a writer adds it, ``limit`` a step past the size each time: the
     chunk, and per call its limit and the frames it sealed (from, to)."""
-    builder = ChunkBuilder(block_bytes=block_bytes, compressor=FrameCompressor(compression, 3))
+    # Every column in blocks: the block rule is what this checks (columns stored apart: in
+    # test_chunk_format.py).
+    builder = ChunkBuilder(
+        block_bytes=block_bytes, compressor=FrameCompressor(compression, 3), apart_small=False
+    )
     calls = []
     start, k = 0, 0
     while start < batch.num_rows:
@@ -272,7 +276,9 @@ def test_stable_large_values_are_referred_to_and_others_copied() -> None:
     # batch's are copied when added: a caller may reuse its memory as soon as the call returns.
     for stable in (True, False):
         batch, buffer, blobs = _large_batch(stable)
-        builder = ChunkBuilder(block_bytes=65_536, compressor=FrameCompressor(None, 3))
+        builder = ChunkBuilder(
+            block_bytes=65_536, compressor=FrameCompressor(None, 3), apart_small=False
+        )
         assert builder.add_columns(batch, 0, 0, 2**40) == len(blobs)
         buffer[:] = 0  # the caller's memory, reused before the chunk is written
         data = b"".join(builder.finish())

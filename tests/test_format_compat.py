@@ -88,13 +88,16 @@ def test_verify_and_append_to_a_format_1_2_store(store: txstore.Store) -> None:
 def test_a_format_1_2_store_takes_new_chunks_and_fields_beside_its_old_ones(
     store: txstore.Store,
 ) -> None:
-    """Chunks of major 2 and of major 3 (packed footers) in one version: field files of
-    the current major added over old chunks, read whole and one sample at a time, verified."""
+    """Chunks of major 2 and of major 4 (packed footers, small columns stored apart) in one
+    version, and field files of major 4 (every column stored apart) added over old chunks,
+    read whole and one sample at a time, verified."""
     store.append([sample(100 + i) for i in range(5)])
     store.add_fields(lambda s: {"triple": 3 * s["id"]}, ["triple"])
     root = Path(store.uri)
-    majors = {p.read_bytes()[4] for p in (root / "chunks").iterdir()}
-    assert majors == {2, 3}
+    majors = {p.suffix: set() for p in (root / "chunks").iterdir()}
+    for p in (root / "chunks").iterdir():
+        majors[p.suffix].add(p.read_bytes()[4])
+    assert majors == {".chunk": {2, 4}, ".fields": {2, 4}}
     snap = txstore.open(store.uri).snapshot()
     ids = [*range(FIRST + SECOND), *range(100, 105)]
     assert [(s["id"], s["triple"]) for s in snap] == [(i, 3 * i) for i in ids]

@@ -155,7 +155,13 @@ def test_manifest_table_lists_every_field() -> None:
 def _footer_schema() -> None:
     _lang, body, _ = EXAMPLES["footer-schema"]
     schema = dict(re.findall(r"^(\w+)\s*= \[([^\]]*)\]", body, re.M))
-    kinds = (chunkfmt.PackedFooter, chunkfmt.ChunkFooter, chunkfmt.BlockIndex, chunkfmt.FrameIndex)
+    kinds = (
+        chunkfmt.PackedFooter,
+        chunkfmt.ApartColumn,
+        chunkfmt.ChunkFooter,
+        chunkfmt.BlockIndex,
+        chunkfmt.FrameIndex,
+    )
     assert set(schema) == {kind.__name__ for kind in kinds}
     for kind in kinds:
         written = [n.strip() for n in schema[kind.__name__].split(",")]
@@ -170,13 +176,20 @@ def _footer_schema() -> None:
 def _chunk_layout() -> None:
     _lang, body, _ = EXAMPLES["chunk-layout"]
     header = re.search(
-        r'header\s+(\d+) bytes: "(\w+)", u16 major \((\d+)\), u16 minor \((\d+)\)', body
+        r'header\s+(\d+) bytes: "(\w+)", u16 major \((\d+); (\d+) with columns stored '
+        r"apart\), u16 minor \((\d+)\)",
+        body,
     )
     assert header, body
-    size, magic, major, minor = header.groups()
+    size, magic, rows, apart, minor = header.groups()
     assert int(size) == chunkfmt.HEADER.size
     assert magic.encode() == chunkfmt.CHUNK_MAGIC
-    assert (int(major), int(minor)) == (chunkfmt.CHUNK_MAJOR, chunkfmt.CHUNK_MINOR)
+    assert (int(rows), int(apart), int(minor)) == (
+        chunkfmt.major_of(apart=False),
+        chunkfmt.major_of(apart=True),
+        chunkfmt.CHUNK_MINOR,
+    )
+    assert chunkfmt.major_of(apart=True) == chunkfmt.CHUNK_MAJOR  # the newest is written
     trailer = re.search(r'offset size-(\d+)\s+trailer .*"(\w+)\\0"', body)
     assert trailer, body
     assert int(trailer.group(1)) == chunkfmt.TRAILER.size

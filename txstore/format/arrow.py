@@ -837,16 +837,17 @@ __all__ = [
 
 def chunk_table(
     parts: list[tuple[Any, Any, frozenset[str] | None]],
+    block_starts: list[int],
     decoder: Any,
     checked: tuple[bool, ...],
 ) -> pa.Table:
     """A chunk's samples as a table, from the bytes of its sources (as ``decode_blocks``
-    takes them): a column per field, in the order the chunk's blocks first show them; a
+    takes them, with the blocks of those that have them): a column per field, in the order
+    the chunk's blocks first show them (a column stored apart in its place among them); a
     sample without a field has a null there."""
     from .codec import open_frame
     from .frames import Ranges
 
-    block_starts = parts[0][0].block_starts
     num_blocks = len(block_starts) - 1
     columns: dict[str, list[tuple[int, memoryview | None, bool]]] = {}
     done: dict[str, pa.Array] = {}
@@ -855,6 +856,7 @@ def chunk_table(
         check = None if number_of_part < len(checked) and checked[number_of_part] else layout.check
         whole = None if isinstance(buf, Ranges) else memoryview(buf)
         names = layout.columns
+        part_shown: dict[str, None] = {}
         if whole is not None and check is None:
             done |= _whole_columns(layout, whole, keep, block_starts, decoder)
         for number, block in enumerate(layout.footer.blocks):
@@ -863,7 +865,7 @@ def chunk_table(
                 name = names[frame.column]
                 if keep is not None and name not in keep:
                     continue
-                shown.setdefault(name)
+                part_shown.setdefault(name)
                 if name in done:
                     continue
                 offset, length = frame.offset, frame.length
@@ -884,6 +886,30 @@ def chunk_table(
                         for b in range(num_blocks)
                     ]
                 slots[number] = (n, raw, bool(frame.flags & FLAG_SPARSE))
+        apart = layout.apart_of(keep)
+        for name, found in apart:
+            # A column stored apart: its pieces, in order, stand for the blocks.
+            part_shown.setdefault(name)
+            if name in done:
+                continue
+            slots = columns[name] = []
+            for piece, frame in enumerate(found.frames):
+                offset, length = frame.offset, frame.length
+                stored = (
+                    whole[offset : offset + length]
+                    if whole is not None
+                    else buf.view(offset, length)
+                )
+                if len(stored) != length:
+                    raise CorruptError(f"{layout.where}: truncated frame at offset {offset}")
+                raw = open_frame(
+                    stored, frame.codec, frame.raw_length, frame.checksum, check, layout.where
+                )
+                slots.append((found.size(piece), raw, bool(frame.flags & FLAG_SPARSE)))
+        if apart:  # each in its place among the block's columns (docs/format.md §7.6)
+            part_shown = dict.fromkeys(sorted(part_shown, key=layout.rank.__getitem__))
+        for name in part_shown:
+            shown.setdefault(name)
     names_out = [name for name in shown if name in done or name in columns]
     try:
         arrays = [
@@ -922,6 +948,14 @@ def _whole_columns(
         if column in refused or (keep is not None and name not in keep):
             continue
         array = _uniform_column(whole, found, counts, decoder)
+        if array is not None:
+            out[name] = array
+    for name, apart in layout.apart_of(keep):
+        if any(f.codec or f.flags & FLAG_SPARSE for f in apart.frames):
+            continue
+        pieces = [(f.offset, f.length) for f in apart.frames]
+        sizes = [b - a for a, b in pairwise(apart.starts)]
+        array = _uniform_column(whole, pieces, sizes, decoder)
         if array is not None:
             out[name] = array
     return out

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import EncodeError
-from .chunk import FLAG_SPARSE, HEADER, MAX_BLOCK_SAMPLES
+from .chunk import FLAG_SPARSE, HEADER, MAX_BLOCK_SAMPLES, major_of
 from .chunkfile import BuiltChunk, ChunkStream, SealedFrames
 from .codec import CODEC_RAW, FrameCompressor
 from .columnar import ColumnBatch, Encoded, Prefixed
@@ -108,6 +108,101 @@ def _value_bytes(value: Any) -> int:
     if kind is _Encoded:
         return len(value.data)
     return 9  # ABSENT, ints, floats, bools, None
+
+
+#: A column is stored apart in a chunk (docs/format.md §7.6) when, in the chunk's first block,
+#: its values take at most this many bytes on average and the block holds at most
+#: ``_APART_BLOCK_SAMPLES`` samples: small values in a chunk of many blocks (ids, labels and
+#: lengths beside images or token windows), which a reader of that column alone would
+#: otherwise read in as many small frames as the chunk has blocks.
+_APART_VALUE_BYTES = 32
+_APART_BLOCK_SAMPLES = 1024
+
+
+def _absent_column(n: int) -> Encoded:
+    """``n`` ABSENT values, encoded."""
+    width = len(ABSENT_BYTES)
+    return Encoded(
+        np.frombuffer(ABSENT_BYTES * n, dtype=np.uint8), np.arange(n + 1, dtype=np.int64) * width
+    )
+
+
+class _Pending:
+    """A column's values waiting for their piece (a column stored apart), oldest first: rows
+    of encoded columns (the columnar path), and the values of the blocks of samples since,
+    joined into one buffer as they come (so that a block adds no object of its own for the
+    cyclic GC to track: see ``SealedFrames``)."""
+
+    __slots__ = ("_open", "count", "nbytes", "runs")
+
+    def __init__(self) -> None:
+        self.runs: list[tuple[Encoded, int, int, bool]] = []  # column, rows [start, stop)
+        self._open: tuple[bytearray, list[int], list[bool]] | None = None
+        self.count = 0
+        self.nbytes = 0
+
+    def add(self, column: Encoded, start: int, stop: int, sparse: bool) -> None:
+        """Rows [start, stop) of an encoded column (kept as they are until sealed)."""
+        if stop > start:
+            self._close()
+            self.runs.append((column, start, stop, sparse))
+            self.count += stop - start
+            self.nbytes += int(column.offsets[stop] - column.offsets[start])
+
+    def add_values(self, parts: list[bytes], sizes: list[int], sparse: bool) -> None:
+        """A block's values, encoded: ``parts`` joined are their bytes, ``sizes`` each one's."""
+        if self._open is None:
+            self._open = (bytearray(), [], [False])
+        data, all_sizes, holes = self._open
+        data += b"".join(parts)
+        all_sizes += sizes
+        holes[0] = holes[0] or sparse
+        self.count += len(sizes)
+        self.nbytes += sum(sizes)
+
+    def _close(self) -> None:
+        """The values added one block at a time become a run like the others."""
+        if self._open is not None:
+            data, sizes, holes = self._open
+            self._open = None
+            offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
+            np.cumsum(sizes, out=offsets[1:])
+            column = Encoded(np.frombuffer(bytes(data), dtype=np.uint8), offsets)
+            self.runs.append((column, 0, len(sizes), holes[0]))
+
+    def sizes(self, most: int) -> np.ndarray[Any, Any]:
+        """The sizes of the first ``most`` values (or all, if fewer)."""
+        self._close()
+        out, left = [], most
+        for column, start, stop, _ in self.runs:
+            take = min(left, stop - start)
+            out.append(np.diff(column.offsets[start : start + take + 1]))
+            left -= take
+            if not left:
+                break
+        return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
+    def take(self, n: int) -> tuple[bytes, bool]:
+        """The bytes of the first ``n`` values, which leave; whether any is ABSENT."""
+        self._close()
+        parts: list[memoryview] = []
+        sparse = False
+        runs = self.runs
+        while n:
+            column, start, stop, holes = runs[0]
+            take = min(n, stop - start)
+            offsets = column.offsets
+            low, high = int(offsets[start]), int(offsets[start + take])
+            parts.append(column.data.data[low:high])
+            self.nbytes -= high - low
+            sparse = sparse or holes
+            if take == stop - start:
+                runs.pop(0)
+            else:
+                runs[0] = (column, start + take, stop, holes)
+            n -= take
+            self.count -= take
+        return b"".join(parts), sparse
 
 
 class _Encoded:
@@ -260,8 +355,22 @@ class ChunkBuilder:
     written, so a large ``bytes`` value is copied once: into the file.
     """
 
-    def __init__(self, *, block_bytes: int, compressor: FrameCompressor) -> None:
+    def __init__(
+        self,
+        *,
+        block_bytes: int,
+        compressor: FrameCompressor,
+        apart: bool = False,
+        apart_small: bool = True,
+    ) -> None:
         self._block_limit = block_bytes
+        # Columns stored apart, in pieces of up to ``block_bytes`` or 4096 values: every one
+        # (``apart``: a field file), or (``apart_small``) those the chunk's first block shows
+        # to be small (``_choose_apart``); and the values of each waiting for their piece.
+        self._apart_all = apart
+        self._apart_small = apart_small
+        self._apart: frozenset[str] | None = None  # not chosen yet
+        self._pending: dict[str, _Pending] = {}
         self._check_at = min(block_bytes, _CHECK_BLOCK_AT)  # seal, or check the block
         self._compressor = compressor
         self._compressing = compressor.enabled
@@ -500,17 +609,113 @@ class ChunkBuilder:
             self._columns.setdefault(name, len(self._columns))
         self._add_blocks(batch, spans.tolist())
 
+    def add_apart(self, batch: ColumnBatch) -> None:
+        """Add every row of a batch of columns to a builder made with ``apart``: each column
+        joins its pieces (an open block of samples is sealed first)."""
+        if not self._apart_all:
+            raise ValueError("add_apart needs a builder made with apart=True")
+        self._seal_block()
+        self._add_blocks(batch, [0, batch.num_rows])
+
     def _add_blocks(self, batch: ColumnBatch, bounds: list[int]) -> None:
-        """Seal the blocks of rows ``bounds[k]:bounds[k + 1]`` of a batch of columns."""
-        width = len(batch.names)
-        frames = [self._column_frames(column, bounds, batch.stable) for column in batch.columns]
+        """Seal the blocks of rows ``bounds[k]:bounds[k + 1]`` of a batch of columns; the
+        columns stored apart join their pieces instead."""
+        first, last = bounds[0], bounds[-1]
+        for name in batch.names:  # the chunk's columns in the batch's order
+            self._columns.setdefault(name, len(self._columns))
+        if self._apart is None and last > first:
+            n = bounds[1] - first
+            self._choose_apart(
+                {
+                    name: int(column.offsets[first + n] - column.offsets[first]) / n
+                    for name, column in zip(batch.names, batch.columns, strict=True)
+                },
+                n,
+            )
+        in_blocks = [
+            (name, column)
+            for name, column in zip(batch.names, batch.columns, strict=True)
+            if not self._is_apart(name)
+        ]
+        for name, column in zip(batch.names, batch.columns, strict=True):
+            if self._is_apart(name):
+                self._pend(name, column, first, last, False)
+        self._pad_pending(batch.names, last - first)
+        width = len(in_blocks)
+        frames = [self._column_frames(column, bounds, batch.stable) for _, column in in_blocks]
         store, blocks = self._store_frame, self._sealed.blocks
         for number, (i, j) in enumerate(pairwise(bounds)):
-            for name, column in zip(batch.names, frames, strict=True):
-                parts, raw_length = column[number]
+            for (name, _), column_frames in zip(in_blocks, frames, strict=True):
+                parts, raw_length = column_frames[number]
                 store(name, parts, raw_length, False)
-            blocks.append((j - i, width))
+            if not self._apart_all:
+                blocks.append((j - i, width))
             self._num_samples += j - i
+        self._seal_all_pieces(final=False)
+
+    def _is_apart(self, name: str) -> bool:
+        return self._apart_all or (self._apart is not None and name in self._apart)
+
+    def _choose_apart(self, sizes: dict[str, float], n: int) -> None:
+        """Choose the chunk's columns stored apart from its first block (``n`` samples, each
+        column's average encoded size), before any of its frames is sealed: the file's
+        major follows (4 with columns stored apart, 3 without)."""
+        chosen: frozenset[str] = frozenset()
+        if self._apart_small and not self._apart_all and n <= _APART_BLOCK_SAMPLES:
+            small = frozenset(name for name, size in sizes.items() if size <= _APART_VALUE_BYTES)
+            if len(small) < len(sizes):  # a block of small values only is a fine frame each
+                chosen = small
+        self._apart = chosen
+        self._sealed.major = major_of(self._apart_all or bool(chosen))
+
+    def _pend(self, name: str, column: Encoded, start: int, stop: int, sparse: bool) -> None:
+        """Rows [start, stop) of ``column`` join the pieces of ``name``, stored apart."""
+        column.data  # noqa: B018 -- joined now: the caller may reuse its buffers on return
+        self._pending_of(name).add(column, start, stop, sparse)
+
+    def _pending_of(self, name: str) -> _Pending:
+        """The values of ``name`` waiting for their piece. A column first seen now is ABSENT
+        in every sample of the chunk before."""
+        found = self._pending.get(name)
+        if found is None:
+            found = self._pending[name] = _Pending()
+            self._columns.setdefault(name, len(self._columns))
+            if self._num_samples:
+                found.add(_absent_column(self._num_samples), 0, self._num_samples, True)
+        return found
+
+    def _pad_pending(self, shown: Sequence[str], n: int) -> None:
+        """The columns stored apart that ``n`` new samples lack (not in ``shown``): ABSENT."""
+        if len(self._pending) > len(shown) or not set(self._pending) <= set(shown):
+            lacking = [name for name in self._pending if name not in shown]
+            for name in lacking:
+                self._pending[name].add_values([ABSENT_BYTES * n], [len(ABSENT_BYTES)] * n, True)
+
+    def _seal_all_pieces(self, final: bool) -> None:
+        for name, found in self._pending.items():
+            self._seal_pieces(name, found, final)
+
+    def _seal_pieces(self, name: str, found: _Pending, final: bool) -> None:
+        """Seal the full pieces of a column's pending values (``final``: all of them): each
+        ends at the first value that brings it to ``block_bytes``, or at 4096 values."""
+        limit = min(self._block_limit, _CHECK_BLOCK_AT)
+        while found.count:
+            if not final and found.count < MAX_BLOCK_SAMPLES and found.nbytes < limit:
+                return  # no piece is full yet
+            sizes = found.sizes(MAX_BLOCK_SAMPLES)
+            ends = np.cumsum(sizes)
+            cut = int(np.searchsorted(ends, limit, side="left")) + 1
+            if cut > len(sizes):  # below the limit
+                if not final and len(sizes) < MAX_BLOCK_SAMPLES:
+                    return  # more values may come
+                cut = len(sizes)
+            values, sparse = found.take(cut)
+            head = _ARRAY_HEADERS[cut]
+            offsets = np.zeros(cut, dtype=np.int64)
+            np.cumsum(sizes[: cut - 1], out=offsets[1:])
+            table = (offsets + len(head)).astype("<u4").tobytes()
+            raw_length = len(head) + int(ends[cut - 1]) + len(table)
+            self._store_frame(name, (head, values, table), raw_length, sparse, piece=cut)
 
     def _column_frames(
         self, column: Encoded, bounds: list[int], stable: bool = False
@@ -731,18 +936,31 @@ class ChunkBuilder:
         rows = self._rows
         if not rows:
             return
+        n = len(rows)
         values_by_column = zip_longest(*rows, fillvalue=ABSENT)
         columns = [self._encode_column(values) for values in values_by_column]
-        for name, column in zip(self._keys, columns, strict=True):
-            self._seal_frame(name, *column)
+        if self._apart is None:
+            self._choose_apart(
+                {name: sum(c[1]) / n for name, c in zip(self._keys, columns, strict=True)}, n
+            )
+        width = 0
+        for name, (parts, sizes, sparse) in zip(self._keys, columns, strict=True):
+            if self._is_apart(name):
+                self._pending_of(name).add_values(parts, sizes, sparse)
+            else:
+                self._seal_frame(name, parts, sizes, sparse)
+                width += 1
+        self._pad_pending(self._keys, n)
         fast = self._fast
         if fast is not None and fast.keys == tuple(self._keys):
             # What its unsized values really took (a small int takes 1 byte, not 9).
             measured = sum(sum(columns[j][1]) for j in fast.measured)
             fast.fixed = -(-measured // len(rows)) + _PLAIN_SIZES[bytes] * len(fast.sized)
-        self._sealed.blocks.append((len(rows), len(columns)))
-        self._num_samples += len(rows)
+        if not self._apart_all:
+            self._sealed.blocks.append((n, width))
+        self._num_samples += n
         self._reset_block()
+        self._seal_all_pieces(final=False)
 
     def _encode_column(self, values: tuple[Any, ...]) -> tuple[list[bytes], list[int], bool]:
         """One column of the block: encoded values as parts, each value's size, and whether
@@ -799,9 +1017,15 @@ class ChunkBuilder:
         self._store_frame(name, (head, *parts, table), raw_length, sparse)
 
     def _store_frame(
-        self, name: str, stored: tuple[bytes | memoryview, ...], raw_length: int, sparse: bool
+        self,
+        name: str,
+        stored: tuple[bytes | memoryview, ...],
+        raw_length: int,
+        sparse: bool,
+        piece: int = 0,
     ) -> None:
-        """Seal one frame from its raw bytes in pieces: compressed when that pays."""
+        """Seal one frame from its raw bytes in parts: compressed when that pays. ``piece``:
+        the frame is a piece of that many values of a column stored apart, not a block's."""
         column = self._columns.setdefault(name, len(self._columns))
         codec = CODEC_RAW
         streaks = self._raw_streak
@@ -817,8 +1041,11 @@ class ChunkBuilder:
             streaks[name] = streak + 1
         length = raw_length if codec == CODEC_RAW else len(stored[0])
         flags = FLAG_SPARSE if sparse else 0
-        self._sealed.frames.append((column, self._size, length, raw_length, codec, flags))
-        self._sealed.stored.append(stored)
+        sealed = self._sealed
+        if piece:
+            sealed.pieces.setdefault(column, []).append((piece, len(sealed.frames)))
+        sealed.frames.append((column, self._size, length, raw_length, codec, flags))
+        sealed.stored.append(stored)
         self._size += length
 
     def _even_table(self, start: int, size: int, n: int) -> bytes:
@@ -847,6 +1074,7 @@ class ChunkBuilder:
         """The chunk, to be iterated once for its bytes (those ``stream`` gave already
         excepted); the builder is spent."""
         self._seal_block()
+        self._seal_all_pieces(final=True)
         built = BuiltChunk(self.stream(), list(self._columns), self._num_samples, self._size)
         self._sealed, self._stream = SealedFrames(), None
         return built

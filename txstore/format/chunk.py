@@ -4,22 +4,29 @@ Layout (docs/format.md has it byte for byte)::
 
     header   8 bytes   b"TXSC", u16 major, u16 minor
     frames   ...       block 0 column frames, block 1 column frames, ...
-    footer   ...       MessagePack footer: the block index, packed (major 3; a list in 1, 2)
+    footer   ...       MessagePack footer: the block index, packed (major 3; a list in 1, 2),
+                       and (major 4) where the pieces of each column stored apart are
     trailer  16 bytes  u32 footer length, u32 footer crc32, b"TXSCEND\\0"
 
 A frame holds one column of one block: a MessagePack array of the block's values followed by a
 u32 offset per value, so a reader decodes the whole column in one call when it streams, or one
 value when it seeks. Blocks are small (``block_bytes``), so reading one sample reads and
-decodes one block's frames of the fields asked for, never the whole chunk. This module lays
-out the file and its footer (parsed, checked, encoded); ``frames`` reads the values out of the
-frames; ``builder`` and ``chunkfile`` write them.
+decodes one block's frames of the fields asked for, never the whole chunk.
+
+A column may instead be stored apart (major 4): in pieces of its own of up to 4096 values,
+one frame each, and in no block. A reader of that column alone reads a few large frames, not
+one per block: a field file's columns are all stored apart, so that a field computed later
+is not cut into as many frames as its chunk has blocks.
+
+This module lays out the file and its footer (parsed, checked, encoded); ``frames`` reads the
+values out of the frames; ``builder`` and ``chunkfile`` write them.
 """
 
 from __future__ import annotations
 
 import struct
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from itertools import accumulate, pairwise
 from typing import Annotated, Any, TypeVar
 
@@ -31,10 +38,13 @@ from .codec import CODEC_RAW, FRAME_CHECKSUMS, chunk_digest, crc32
 
 CHUNK_MAGIC = b"TXSC"
 TRAILER_MAGIC = b"TXSCEND\0"
-# 3.0: a packed block index (a sample's block found without decoding every block); 2.x:
-# XXH3-64 frame checksums; 1.x: CRC-32
-CHUNK_MAJOR, CHUNK_MINOR = 3, 0
+# 4.0: columns stored apart; 3.0: a packed block index (a sample's block found without
+# decoding every block); 2.x: XXH3-64 frame checksums; 1.x: CRC-32. A writer writes 4 only
+# for a file with a column stored apart, so that readers of 3 read every other file.
+CHUNK_MAJOR, CHUNK_MINOR = 4, 0
+ROWS_MAJOR = 3  # the major of a file whose columns are all in its blocks
 PACKED_FROM = 3  # the first major whose footer is a PackedFooter
+APART_FROM = 4  # the first major whose footer may list columns stored apart
 HEADER = struct.Struct("<4sHH")
 TRAILER = struct.Struct("<II8s")
 MAX_BLOCK_SAMPLES = 4096
@@ -77,6 +87,14 @@ class ChunkFooter(msgspec.Struct, array_like=True, frozen=True, gc=False):
     blocks: list[BlockIndex]
 
 
+class ApartColumn(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """A column stored apart (major 4): its pieces' sample starts and one frame per piece."""
+
+    column: _Nat
+    starts: bytes  # u64 LE per piece, then num_samples: piece k holds [starts[k], starts[k+1])
+    frames: tuple[FrameIndex, ...]  # piece k's frame
+
+
 # The footer of major 3 on: the blocks' sample counts and where each one's frames are, as
 # packed arrays, and their frames encoded one block after another. Opening a chunk decodes
 # a few objects, not one per block (a 64 MiB chunk has hundreds to thousands of blocks: a
@@ -92,6 +110,7 @@ class PackedFooter(msgspec.Struct, array_like=True, frozen=True, gc=False):
     starts: bytes  # u64 LE per block, then num_samples: block k holds [starts[k], starts[k+1])
     frame_ends: bytes  # u32 LE per block: where its frames end in ``frames``
     frames: bytes  # each block's MessagePack array of FrameIndex, one after another
+    apart: tuple[ApartColumn, ...] = ()  # major 4; major 3 has no such item
 
 
 # The same footer with each block's frames left encoded: what reading one sample of a chunk
@@ -134,23 +153,25 @@ class ChunkLayout:
         "_head",
         "_high",
         "_packed",
+        "apart",
         "block_starts",
         "check",
         "columns",
         "major",
         "minor",
         "num_samples",
+        "rank",
         "where",
     )
 
     def __init__(self, footer: ChunkFooter, where: str, footer_offset: int | None = None) -> None:
         starts = list(accumulate([b.num_samples for b in footer.blocks], initial=0))
-        self._setup(footer, starts, where, footer_offset)
+        self._setup(footer, starts, where, footer_offset, {})
         self._head: tuple[_FooterHead, bytes] | None = None
         self._packed: tuple[bytes, Any] | None = None  # frames, their ends (numpy int64)
         self._frames: list[tuple[FrameIndex, ...] | None] = []
         self._footer: ChunkFooter | None = footer
-        why = _check_frames(footer, self._high)
+        why = _check_frames(footer, self._high, self.apart)
         if why:
             raise CorruptError(f"{where}: bad chunk footer: {why}")
 
@@ -161,7 +182,7 @@ class ChunkLayout:
         """Majors 1 and 2: the blocks' counts decoded, their frames kept encoded."""
         self = cls.__new__(cls)
         starts = list(accumulate([b.num_samples for b in head.blocks], initial=0))
-        self._setup(head, starts, where, footer_offset)
+        self._setup(head, starts, where, footer_offset, {})
         self._head = (head, raw)
         self._packed = None
         self._frames = [None] * len(head.blocks)
@@ -174,7 +195,9 @@ class ChunkLayout:
     ) -> ChunkLayout:
         self = cls.__new__(cls)
         starts, ends = _packed_index(packed, where)
-        self._setup(packed, starts, where, footer_offset)
+        high = 2**63 if footer_offset is None else footer_offset
+        apart = _apart_columns(packed, high, where)
+        self._setup(packed, starts, where, footer_offset, apart)
         self._head = None
         self._packed = (packed.frames, ends)
         self._frames = [None] * len(ends)
@@ -190,12 +213,17 @@ class ChunkLayout:
         block_starts: list[int],
         where: str,
         footer_offset: int | None,
+        apart: dict[int, Apart],
     ) -> None:
         """The lookups, and the footer's totals checked (``CorruptError``)."""
         self.where = where
+        self.apart = apart
         self.major, self.minor = footer.major, footer.minor
         self.check = FRAME_CHECKSUMS[footer.major]
         self.columns = footer.columns
+        # Each column's place: where a column stored apart goes among a block's columns in
+        # a sample (docs/format.md §7.6).
+        self.rank = {name: k for k, name in enumerate(footer.columns)}
         self.num_samples = footer.num_samples
         self.block_starts = block_starts
         self._high = 2**63 if footer_offset is None else footer_offset
@@ -203,6 +231,10 @@ class ChunkLayout:
         why = ""
         if len(set(self.columns)) != len(self.columns):
             why = "a column name appears twice"
+        elif any(column >= len(self.columns) for column in apart):
+            why = f"a column stored apart is not one of its {len(self.columns)} columns"
+        elif len(block_starts) == 1 and len(apart) == len(self.columns):
+            pass  # no blocks: every column is stored apart (a field file)
         elif total != self.num_samples:
             why = f"its blocks hold {total} samples, the footer says {self.num_samples}"
         if why:
@@ -219,7 +251,7 @@ class ChunkLayout:
                 footer = ChunkFooter(
                     self.major, self.minor, self.num_samples, self.columns, self._packed_blocks()
                 )
-            why = _check_frames(footer, self._high)
+            why = _check_frames(footer, self._high, self.apart)
             if why:
                 raise CorruptError(f"{self.where}: bad chunk footer: {why}")
             # The lazy state stays: another thread may be decoding a block from it right now
@@ -276,7 +308,12 @@ class ChunkLayout:
                 except msgspec.DecodeError as e:
                     raise CorruptError(f"{self.where}: bad chunk footer: {e}") from e
             why = _check_block(
-                frames, number, self.block_samples(number), len(self.columns), self._high
+                frames,
+                number,
+                self.block_samples(number),
+                len(self.columns),
+                self._high,
+                self.apart,
             )
             if why:
                 raise CorruptError(f"{self.where}: bad chunk footer: {why}")
@@ -290,6 +327,99 @@ class ChunkLayout:
         """(block number, index within block) of a sample."""
         block = bisect_right(self.block_starts, index) - 1
         return block, index - self.block_starts[block]
+
+    def all_frames(self) -> Iterator[FrameIndex]:
+        """Every frame of the file: the blocks', then the pieces' of columns stored apart."""
+        for block in self.footer.blocks:
+            yield from block.frames
+        for found in self.apart.values():
+            yield from found.frames
+
+    @property
+    def has_blocks(self) -> bool:
+        """Whether the file has blocks: a file whose columns are all stored apart has none."""
+        return len(self.block_starts) > 1
+
+    def apart_of(self, keep: frozenset[str] | None) -> list[tuple[str, Apart]]:
+        """The columns stored apart among ``keep`` (None: all), with their names."""
+        names = self.columns
+        return [
+            (names[column], found)
+            for column, found in self.apart.items()
+            if keep is None or names[column] in keep
+        ]
+
+
+class Apart:
+    """A column stored apart: where its pieces start (sample numbers, then the chunk's
+    count) and each piece's frame. Checked when the footer is parsed."""
+
+    __slots__ = ("column", "frames", "starts")
+
+    def __init__(self, column: int, starts: list[int], frames: tuple[FrameIndex, ...]) -> None:
+        self.column = column
+        self.starts = starts
+        self.frames = frames
+
+    def locate(self, index: int) -> tuple[int, int]:
+        """(piece number, index within the piece) of a sample."""
+        piece = bisect_right(self.starts, index) - 1
+        return piece, index - self.starts[piece]
+
+    def size(self, piece: int) -> int:
+        return self.starts[piece + 1] - self.starts[piece]
+
+    def covering(self, start: int, stop: int) -> range:
+        """The pieces holding samples [start, stop) (none when the range is empty)."""
+        if start >= stop:
+            return range(0)
+        return range(self.locate(start)[0], bisect_right(self.starts, stop - 1))
+
+
+def _apart_columns(footer: PackedFooter, high: int, where: str) -> dict[int, Apart]:
+    """A footer's columns stored apart, checked (``CorruptError``): each a column of the
+    footer at most once, its pieces of 1 to 4096 samples covering the chunk, one frame each,
+    of that column, lying between the header and ``high``."""
+    if footer.apart and footer.major < APART_FROM:
+        raise CorruptError(
+            f"{where}: bad chunk footer: major {footer.major} with columns stored apart"
+        )
+    out: dict[int, Apart] = {}
+    for found in footer.apart:
+        column = found.column
+        why = ""
+        count = len(found.frames)
+        if column in out:
+            why = f"column {column} is stored apart twice"
+        elif len(found.starts) != 8 * (count + 1):
+            why = f"{len(found.starts)} bytes of piece starts for {count} pieces"
+        else:
+            starts = np.frombuffer(found.starts, "<i8")
+            if starts[0] != 0 or starts[-1] != footer.num_samples:
+                why = f"its pieces do not hold samples 0 to {footer.num_samples}"
+            elif not _steps_within(starts, MAX_BLOCK_SAMPLES):
+                why = f"a piece does not hold 1 to {MAX_BLOCK_SAMPLES} samples"
+            else:
+                listed = starts.tolist()
+                for number, frame in enumerate(found.frames):
+                    need = 4 * (listed[number + 1] - listed[number]) + 1
+                    if frame.column != column:
+                        why = f"piece {number} has a frame of column {frame.column}"
+                    elif (
+                        frame.offset < HEADER.size
+                        or frame.offset + frame.length > high
+                        or frame.raw_length < need
+                        or (frame.codec == CODEC_RAW and frame.length != frame.raw_length)
+                    ):
+                        bad = _bad_frame(frame, column + 1, HEADER.size, high, need)
+                        why = f"piece {number}: {bad}"
+                    if why:
+                        break
+                else:
+                    out[column] = Apart(column, listed, found.frames)
+        if why:
+            raise CorruptError(f"{where}: bad chunk footer: column {column} stored apart: {why}")
+    return out
 
 
 def _packed_index(footer: PackedFooter, where: str) -> tuple[list[int], Any]:
@@ -330,26 +460,47 @@ def _steps_within(values: Any, high: int) -> bool:
 
 
 def encode_footer(
-    num_samples: int, columns: list[str], blocks: Sequence[tuple[int, Sequence[FrameIndex]]]
+    num_samples: int,
+    columns: list[str],
+    blocks: Sequence[tuple[int, Sequence[FrameIndex]]],
+    apart: Sequence[tuple[int, Sequence[int], Sequence[FrameIndex]]] = (),
 ) -> bytes:
-    """The footer of a chunk of ``blocks`` (each its sample count and frames), as this
-    version writes it (major ``CHUNK_MAJOR``)."""
+    """The footer of a chunk of ``blocks`` (each its sample count and frames) and columns
+    stored ``apart`` (each its column, its pieces' sample counts and their frames): major
+    ``APART_FROM`` with columns stored apart, ``ROWS_MAJOR`` without (the footer's layout,
+    and the major in the file's header, as ``major_of`` says)."""
     encode = _ENCODER.encode
     framed = [encode(frames) for _, frames in blocks]
     starts = list(accumulate((n for n, _ in blocks), initial=0))
     ends = list(accumulate(map(len, framed)))
-    return encode(
-        PackedFooter(
-            CHUNK_MAJOR,
-            CHUNK_MINOR,
-            num_samples,
-            columns,
-            [],
-            struct.pack(f"<{len(starts)}Q", *starts),
-            struct.pack(f"<{len(ends)}I", *ends),
-            b"".join(framed),
+    items: list[Any] = [
+        major_of(bool(apart)),
+        CHUNK_MINOR,
+        num_samples,
+        columns,
+        [],
+        struct.pack(f"<{len(starts)}Q", *starts),
+        struct.pack(f"<{len(ends)}I", *ends),
+        b"".join(framed),
+    ]
+    if apart:  # major 3 has no ninth item: its readers' footers are eight items long
+        items.append(
+            [
+                ApartColumn(
+                    column,
+                    struct.pack(f"<{len(counts) + 1}Q", *accumulate(counts, initial=0)),
+                    tuple(frames),
+                )
+                for column, counts, frames in apart
+            ]
         )
-    )
+    return encode(items)
+
+
+def major_of(apart: bool) -> int:
+    """The major a writer gives a file: ``APART_FROM`` if it has columns stored apart,
+    ``ROWS_MAJOR`` otherwise (readers of major 3 read it)."""
+    return APART_FROM if apart else ROWS_MAJOR
 
 
 _ENCODER = msgspec.msgpack.Encoder()
@@ -410,28 +561,33 @@ def _check_major(major: int, minor: int, where: str) -> None:
         raise CorruptError(f"{where}: bad chunk format version {major}")
 
 
-def _check_frames(footer: ChunkFooter, high: int) -> str:
+def _check_frames(footer: ChunkFooter, high: int, apart: dict[int, Apart]) -> str:
     """What makes the frames of a footer (its checksum valid) describe values no reader could
     decode, or "": checked before any of them is decoded, so that the decoding loop can trust
     them. A 64 MiB chunk has thousands of frames: one loop over them costs half the time of
     decoding the footer."""
     width = len(footer.columns)
     for number, block in enumerate(footer.blocks):
-        why = _check_block(block.frames, number, block.num_samples, width, high)
+        why = _check_block(block.frames, number, block.num_samples, width, high, apart)
         if why:
             return why
     return ""
 
 
 def _check_block(
-    frames: Sequence[FrameIndex], number: int, num_samples: int, width: int, high: int
+    frames: Sequence[FrameIndex],
+    number: int,
+    num_samples: int,
+    width: int,
+    high: int,
+    apart: dict[int, Apart],
 ) -> str:
     """``_check_frames`` for the frames of one block."""
     low = HEADER.size
     need = 4 * num_samples + 1  # the raw bytes end with a u32 offset per value, after at
     # least an array header
     # Stored one after another (§7.1): a reader of one sample reads them as one range.
-    at, apart = -1, ""
+    at, gap = -1, ""
     for f in frames:
         end = f.offset + f.length
         if (
@@ -442,12 +598,14 @@ def _check_block(
             or (f.codec == CODEC_RAW and f.length != f.raw_length)
         ):
             return f"block {number}: {_bad_frame(f, width, low, high, need)}"
-        if f.offset != at and at >= 0 and not apart:
-            apart = f"block {number}: a frame at {f.offset} does not follow the one ending at {at}"
+        if f.offset != at and at >= 0 and not gap:
+            gap = f"block {number}: a frame at {f.offset} does not follow the one ending at {at}"
         at = end
     if len(frames) > 1 and len({f.column for f in frames}) != len(frames):
         return "a block has two frames of one column"
-    return apart
+    if apart and any(f.column in apart for f in frames):
+        return f"block {number} has a frame of a column stored apart"
+    return gap
 
 
 def _bad_frame(f: FrameIndex, width: int, low: int, high: int, need: int) -> str:
@@ -496,10 +654,9 @@ def check_file(
         if chunk_digest(view[:footer_offset]) != digest:
             raise ChecksumError(f"{where} does not match its digest (XXH3-64 of its contents)")
         return layout
-    for block in layout.footer.blocks:
-        for frame in block.frames:  # within the file: parse_footer checked it
-            if layout.check(view[frame.offset : frame.offset + frame.length]) != frame.checksum:
-                raise ChecksumError(
-                    f"{where} does not match the checksum of its frame at {frame.offset}"
-                )
+    for frame in layout.all_frames():  # within the file: parse_footer checked it
+        if layout.check(view[frame.offset : frame.offset + frame.length]) != frame.checksum:
+            raise ChecksumError(
+                f"{where} does not match the checksum of its frame at {frame.offset}"
+            )
     return layout

@@ -12,9 +12,9 @@ from itertools import islice
 
 from .chunk import (
     CHUNK_MAGIC,
-    CHUNK_MAJOR,
     CHUNK_MINOR,
     HEADER,
+    ROWS_MAJOR,
     TRAILER,
     TRAILER_MAGIC,
     FrameIndex,
@@ -39,14 +39,17 @@ _FrameMeta = tuple[int, int, int, int, int, int]
 
 class SealedFrames:
     """A chunk's sealed blocks: (samples, frames) per block, and per frame its metadata and
-    its stored parts, in flat lists."""
+    its stored parts, in flat lists; the pieces of each column stored apart: (samples, frame
+    number) per piece, by column."""
 
-    __slots__ = ("blocks", "frames", "stored")
+    __slots__ = ("blocks", "frames", "major", "pieces", "stored")
 
     def __init__(self) -> None:
+        self.major = ROWS_MAJOR  # set by the builder before the first frame is sealed
         self.blocks: list[tuple[int, int]] = []
         self.frames: list[_FrameMeta] = []
         self.stored: list[tuple[bytes | memoryview, ...]] = []
+        self.pieces: dict[int, list[tuple[int, int]]] = {}
 
 
 class ChunkStream:
@@ -56,7 +59,7 @@ class ChunkStream:
 
     def __init__(self, sealed: SealedFrames) -> None:
         self._sealed = sealed
-        self._run = _Run(HEADER.pack(CHUNK_MAGIC, CHUNK_MAJOR, CHUNK_MINOR))
+        self._head: _Run | None = None  # the header, once the major is known
         self._checksums: list[int] = []  # the frames', filled in as each is written
         self._given = 0  # frames given so far
         self._digest = ChunkDigest()  # of every byte given before the footer
@@ -64,11 +67,21 @@ class ChunkStream:
         self.crc32 = -1
         self.digest = ""
 
+    @property
+    def _run(self) -> _Run:
+        """The run of small frames being joined, which starts with the file's header: made
+        when the first frame is given (or the tail), once the builder has chosen the major."""
+        if self._head is None:
+            self._head = _Run(HEADER.pack(CHUNK_MAGIC, self._sealed.major, CHUNK_MINOR))
+        return self._head
+
     def pieces(self, upto: int | None = None) -> Iterator[bytes | memoryview]:
         """The bytes of frames [given so far, ``upto``) (all sealed ones for None); a run of
         small frames that has not reached ``_JOIN_BYTES`` waits for the next call."""
         frames, stored = self._sealed.frames, self._sealed.stored
         upto = len(frames) if upto is None else upto
+        if upto <= self._given:
+            return
         run, checksums, digest = self._run, self._checksums, self._digest.update
         first, self._given = self._given, max(self._given, upto)
         for number in range(first, upto):
@@ -105,16 +118,25 @@ class ChunkStream:
             yield joined
         self.digest = self._digest.hexdigest()
         sealed.stored.clear()
-        indexes = iter(
+        every = [
             FrameIndex(column, offset, length, raw, codec, checksum, flags)
             for (column, offset, length, raw, codec, flags), checksum in zip(
                 sealed.frames, self._checksums, strict=True
             )
-        )
+        ]
+        apart = [
+            (column, [n for n, _ in pieces], [every[k] for _, k in pieces])
+            for column, pieces in sorted(sealed.pieces.items())
+        ]
+        if apart:
+            taken = {k for pieces in sealed.pieces.values() for _, k in pieces}
+            every = [f for k, f in enumerate(every) if k not in taken]
+        indexes = iter(every)
         footer = encode_footer(
             num_samples,
             columns,
             [(n, tuple(islice(indexes, count))) for n, count in sealed.blocks],
+            apart,
         )
         trailer = TRAILER.pack(len(footer), crc32(footer), TRAILER_MAGIC)
         self.crc32 = crc32(trailer, crc32(footer))

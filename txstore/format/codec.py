@@ -107,7 +107,12 @@ def _frame_checksum_v2(stored: bytes | memoryview) -> int:
 
 
 #: The frame checksum of each chunk format major version.
-FRAME_CHECKSUMS = {1: _frame_checksum_v1, 2: _frame_checksum_v2, 3: _frame_checksum_v2}
+FRAME_CHECKSUMS = {
+    1: _frame_checksum_v1,
+    2: _frame_checksum_v2,
+    3: _frame_checksum_v2,
+    4: _frame_checksum_v2,
+}
 
 
 class FrameCompressor:

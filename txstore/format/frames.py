@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 
 from ..errors import CorruptError, UnsupportedFormatError
-from .chunk import FLAG_SPARSE, ChunkLayout, FrameIndex
+from .chunk import FLAG_SPARSE, Apart, ChunkLayout, FrameIndex
 from .codec import open_frame
 from .values import ABSENT, ABSENT_BYTES, ValueDecoder
 
@@ -93,15 +93,19 @@ def offset_table_error(raw: memoryview, n: int) -> str:
 
 def check_offset_tables(data: bytes | memoryview, layout: ChunkLayout) -> None:
     """Every frame's offset table of a whole file, as ``offset_table_error``: CorruptError."""
-    blocks = layout.footer.blocks
-    for block in blocks:
-        for frame in block.frames:
-            raw = _frame_raw(data, 0, frame, layout)
-            why = offset_table_error(raw, block.num_samples)
-            if why:
-                raise CorruptError(
-                    f"{layout.where}: the frame at {frame.offset} {why} (its offset table)"
-                )
+    frames = [(block.num_samples, f) for block in layout.footer.blocks for f in block.frames]
+    frames += [
+        (found.size(piece), f)
+        for found in layout.apart.values()
+        for piece, f in enumerate(found.frames)
+    ]
+    for n, frame in frames:
+        raw = _frame_raw(data, 0, frame, layout)
+        why = offset_table_error(raw, n)
+        if why:
+            raise CorruptError(
+                f"{layout.where}: the frame at {frame.offset} {why} (its offset table)"
+            )
 
 
 class Ranges:
@@ -255,16 +259,22 @@ def decode_blocks(
     decoder: ValueDecoder,
     views: bool,
     checked: Sequence[bool] = (),
+    block_starts: list[int] | None = None,
 ) -> Iterator[list[dict[str, Any]]]:
     """The samples of blocks [first, last) of one chunk, a list per block, from the bytes of
-    its sources (each with the columns to keep, or None for all of them). A source whose
-    ``checked`` is true had its whole body checked already: its frames are not checked again.
+    its sources (each with the columns to keep, or None for all of them). The blocks are
+    ``block_starts`` (default ``row_starts``): those of every source that has blocks; the columns
+    stored apart are read piece by piece into them, after the blocks' own columns. A source
+    whose ``checked`` is true had its whole body checked already: its frames are not checked
+    again.
 
     The streaming reader's loop. When samples are larger than a block, a block is one sample
     and the per-frame work is most of its cost: a frame's slice is taken inline, from a view
     of the whole file made once.
     """
     prepared = []
+    cursors: list[tuple[str, PieceCursor]] = []
+    place: dict[str, tuple[int, int]] = {}  # a column's source and its place in that one
     for number, (layout, buf, keep) in enumerate(parts):
         wanted = (
             None
@@ -273,9 +283,16 @@ def decode_blocks(
         )
         whole = None if isinstance(buf, Ranges) else memoryview(buf)
         check = None if number < len(checked) and checked[number] else layout.check
-        blocks = layout.footer.blocks
-        prepared.append((blocks, layout.columns, layout.where, check, wanted, whole, buf))
-    block_starts = parts[0][0].block_starts
+        cursors += [
+            (name, PieceCursor(found, buf, layout, decoder, check, views))
+            for name, found in layout.apart_of(keep)
+        ]
+        place.update((name, (number, k)) for k, name in enumerate(layout.columns))
+        if layout.has_blocks:
+            blocks = layout.footer.blocks
+            prepared.append((blocks, layout.columns, layout.where, check, wanted, whole, buf))
+    if block_starts is None:
+        block_starts = row_starts([layout for layout, _, _ in parts])
     decode = decoder.decode_list
     plain = decoder.decode_list_plain
     sparse_values = decoder.decode_sparse
@@ -326,6 +343,23 @@ def decode_blocks(
                 else:
                     columns.append(values)
                     names.append(column_names[frame.column])
+        if cursors:
+            # The columns stored apart, each in its place among the block's (§7.6).
+            low = block_starts[number]
+            for name, cursor in cursors:
+                values = cursor.take(low, low + n)
+                sparse = sparse or cursor.sparse
+                if row is not None:
+                    row[name] = values[0]
+                else:
+                    columns.append(values)
+                    names.append(name)
+            if row is not None:
+                row = {name: row[name] for name in sorted(row, key=place.__getitem__)}
+            else:
+                order = sorted(range(len(names)), key=lambda k: place[names[k]])
+                names = [names[k] for k in order]
+                columns = [columns[k] for k in order]
         if row is None:
             yield assemble(names, columns, sparse, n)
         elif sparse:
@@ -342,48 +376,153 @@ def decode_columns(
     """Each kept column of a chunk's sources (as for ``decode_blocks``) as one list of its
     values in sample order, None where a sample lacks it: a column at a time, with no dict
     per sample, for a reader that wants columns."""
-    total = parts[0][0].block_starts[-1]
+    total = parts[0][0].num_samples
     out: dict[str, list[Any]] = {}
     for number, (layout, buf, keep) in enumerate(parts):
         check = None if number < len(checked) and checked[number] else layout.check
-        whole = None if isinstance(buf, Ranges) else memoryview(buf)
-        names, where = layout.columns, layout.where
-        for block_number, block in enumerate(layout.footer.blocks):
-            n, low = block.num_samples, layout.block_starts[block_number]
-            for frame in block.frames:
-                name = names[frame.column]
-                if keep is not None and name not in keep:
-                    continue
-                offset, length = frame.offset, frame.length
-                if whole is not None:
-                    stored = whole[offset : offset + length]
-                else:
-                    assert isinstance(buf, Ranges)
-                    stored = buf.view(offset, length)
-                if len(stored) != length:
-                    raise CorruptError(f"{where}: truncated frame at offset {offset}")
-                raw = open_frame(
-                    stored, frame.codec, frame.raw_length, frame.checksum, check, where
-                )
-                table = len(raw) - 4 * n
-                try:
-                    if frame.flags & FLAG_SPARSE:
-                        values = [
-                            None if v is ABSENT else v for v in decoder.decode_sparse(raw[:table])
-                        ]
-                    else:
-                        values = decoder.decode_list_plain(raw[:table])
-                except (msgspec.DecodeError, CorruptError) as e:
-                    raise CorruptError(f"{where}: bad frame at offset {offset}: {e}") from e
-                except UnsupportedFormatError as e:
-                    raise UnsupportedFormatError(f"{where}: {e}") from e
-                if type(values) is not list or len(values) != n:
-                    raise CorruptError(_miscounted(where, offset, values, n))
-                column = out.get(name)
-                if column is None:
-                    column = out[name] = [None] * total
-                column[low : low + n] = values
+        names = layout.columns
+        spans = [
+            (names[frame.column], layout.block_starts[block_number], block.num_samples, frame)
+            for block_number, block in enumerate(layout.footer.blocks)
+            for frame in block.frames
+        ]
+        spans += [
+            (name, found.starts[piece], found.size(piece), frame)
+            for name, found in layout.apart_of(keep)
+            for piece, frame in enumerate(found.frames)
+        ]
+        for name, low, n, frame in spans:
+            if keep is not None and name not in keep:
+                continue
+            values = frame_values(buf, frame, n, decoder, layout, check, False)
+            if frame.flags & FLAG_SPARSE:
+                values = [None if v is ABSENT else v for v in values]
+            column = out.get(name)
+            if column is None:
+                column = out[name] = [None] * total
+            column[low : low + n] = values
     return out
+
+
+def frame_values(
+    buf: FileBytes,
+    frame: FrameIndex,
+    n: int,
+    decoder: ValueDecoder,
+    layout: ChunkLayout,
+    check: Any,
+    views: bool,
+) -> list[Any]:
+    """Every value of one frame of ``n`` (ABSENT where a sparse frame has none), the frame
+    checked with ``check`` (None: not at all, its file's digest was) and opened once."""
+    offset, length = frame.offset, frame.length
+    stored = (
+        buf.view(offset, length)
+        if isinstance(buf, Ranges)
+        else memoryview(buf)[offset : offset + length]
+    )
+    where = layout.where
+    if len(stored) != length:
+        raise CorruptError(f"{where}: truncated frame at offset {offset}")
+    raw = open_frame(stored, frame.codec, frame.raw_length, frame.checksum, check, where)
+    table = len(raw) - 4 * n
+    try:
+        if frame.flags & FLAG_SPARSE:
+            values = decoder.decode_sparse(raw[:table], views=views)
+        elif views:
+            values = decoder.decode_list(raw[:table], views=True)
+        else:
+            values = decoder.decode_list_plain(raw[:table])
+    except (msgspec.DecodeError, CorruptError) as e:
+        raise CorruptError(f"{where}: bad frame at offset {offset}: {e}") from e
+    except UnsupportedFormatError as e:
+        raise UnsupportedFormatError(f"{where}: {e}") from e
+    if type(values) is not list or len(values) != n:
+        raise CorruptError(_miscounted(where, offset, values, n))
+    if views and bytes in map(type, values) and n > 1:
+        values = _views_one_by_one(values, raw, table, decoder)
+    return values
+
+
+class PieceCursor:
+    """The values of a column stored apart, for consecutive ranges of samples (a streaming
+    reader's blocks, in order): each piece is opened and decoded once, when first needed."""
+
+    __slots__ = (
+        "_buf",
+        "_check",
+        "_decoder",
+        "_found",
+        "_layout",
+        "_number",
+        "_values",
+        "_views",
+        "sparse",
+    )
+
+    def __init__(
+        self,
+        found: Apart,
+        buf: FileBytes,
+        layout: ChunkLayout,
+        decoder: ValueDecoder,
+        check: Any,
+        views: bool,
+    ) -> None:
+        self._found, self._buf, self._layout = found, buf, layout
+        self._decoder, self._check, self._views = decoder, check, views
+        self._number = -1
+        self._values: list[Any] = []
+        self.sparse = False  # whether a piece opened so far holds ABSENT values
+
+    def take(self, start: int, stop: int) -> list[Any]:
+        """The values of samples [start, stop)."""
+        found = self._found
+        starts = found.starts
+        out: list[Any] = []
+        while start < stop:
+            number = self._number
+            if number < 0 or not starts[number] <= start < starts[number + 1]:
+                number = found.locate(start)[0]
+                frame = found.frames[number]
+                self._values = frame_values(
+                    self._buf,
+                    frame,
+                    found.size(number),
+                    self._decoder,
+                    self._layout,
+                    self._check,
+                    self._views,
+                )
+                self._number = number
+                self.sparse = self.sparse or bool(frame.flags & FLAG_SPARSE)
+            end = min(stop, starts[number + 1])
+            low = starts[number]
+            if not out and end == stop:
+                return self._values[start - low : end - low]
+            out += self._values[start - low : end - low]
+            start = end
+        return out
+
+
+def row_starts(layouts: Sequence[ChunkLayout]) -> list[int]:
+    """The blocks a chunk's samples are read in, from its sources' layouts: those of the
+    sources that have blocks (``CorruptError`` unless they are the same), else the pieces of
+    the first column stored apart."""
+    found: list[int] | None = None
+    for layout in layouts:
+        if not layout.has_blocks:
+            continue
+        if found is None:
+            found = layout.block_starts
+        elif layout.block_starts != found:
+            raise CorruptError(f"{layout.where} is not aligned with its chunk's blocks")
+    if found is not None:
+        return found
+    for layout in layouts:
+        for one in layout.apart.values():
+            return one.starts
+    return [0, layouts[0].num_samples] if layouts and layouts[0].num_samples else [0]
 
 
 def _miscounted(where: str, offset: int, values: Any, n: int) -> str:

@@ -20,7 +20,6 @@ from typing import Any
 
 from ..errors import (
     ConflictError,
-    CorruptError,
     EncodeError,
     FieldExistsError,
     FieldNotFoundError,
@@ -30,7 +29,7 @@ from ..format import columnar
 from ..format import manifest as fmt
 from ..format.builder import ChunkBuilder
 from ..format.codec import FrameCompressor
-from ..format.frames import decode_columns
+from ..format.frames import decode_columns, row_starts
 from ..format.manifest import ChunkRef, FieldFile, Manifest, StoreConfig, chunk_files
 from ..storage import Storage, open_storage
 from ..txn.rules import Rebase
@@ -177,24 +176,20 @@ def compute_field_file(
     keeps = computed < chunk.num_samples
     read = None if job.inputs is None else job.inputs | (names if keeps else frozenset())
     fetched = reader.fetch(chunk, version, read)
-    base = reader.layout(chunk_files(chunk)[0], version)
+    # Every column stored apart, in pieces of its own (docs/format.md §10).
     builder = ChunkBuilder(
-        block_bytes=2**62, compressor=FrameCompressor(config.compression, config.compression_level)
+        block_bytes=config.block_bytes,
+        compressor=FrameCompressor(config.compression, config.compression_level),
+        apart=True,
     )
-    starts = base.block_starts
     if job.batch_size is not None and not keeps:
         pieces = _batch_columns(reader, fetched, chunk, fn, job, first)
         if len({piece.names for piece in pieces}) == 1:
-            columns = columnar.ColumnBatch.concat(pieces)
-            # The same block boundaries as the chunk.
-            builder.add_column_blocks(columns, starts[1:], first)
+            builder.add_apart(columnar.ColumnBatch.concat(pieces))
             return chunk.path, _write(storage, builder, job)
         # The batches returned different fields: their values sample by sample.
-        rows = [row for piece in pieces for row in _piece_rows(piece)]
-        for number in range(len(starts) - 1):
-            for local in range(starts[number], starts[number + 1]):
-                builder.add(rows[local], first + local)
-            builder.end_block()
+        for local, row in enumerate(row for piece in pieces for row in _piece_rows(piece)):
+            builder.add(row, first + local)
         return chunk.path, _write(storage, builder, job)
     values: list[dict[str, Any] | None] = [None] * chunk.num_samples
     pending: list[tuple[int, Sample]] = []
@@ -213,8 +208,11 @@ def compute_field_file(
 
     inside = _mask(todo, chunk.num_samples)
     samples: Iterator[Sample] = reader.samples(fetched, chunk, version)
-    for number, ends in enumerate(base.block_starts[1:]):
-        for local in range(base.block_starts[number], ends):
+    base = reader.layout(chunk_files(chunk)[0], version)
+    # The chunk's blocks, where a batched ``fn`` is called once a block.
+    starts = base.block_starts if base.has_blocks else [0, chunk.num_samples]
+    for number, ends in enumerate(starts[1:]):
+        for local in range(starts[number], ends):
             sample = next(samples)
             if not keeps or inside[local]:
                 if job.inputs is not None and keeps:
@@ -227,12 +225,9 @@ def compute_field_file(
         if limit is None:
             flush()  # one call per block (batched), or per sample as they come
     flush()
-    for number, ends in enumerate(base.block_starts[1:]):
-        for local in range(base.block_starts[number], ends):
-            new = values[local]
-            assert new is not None
-            builder.add(new, first + local)
-        builder.end_block()  # the same block boundaries as the chunk
+    for local, new in enumerate(values):
+        assert new is not None
+        builder.add(new, first + local)
     return chunk.path, _write(storage, builder, job)
 
 
@@ -262,9 +257,7 @@ def _batch_columns(
     column at a time (no dict per sample): the new fields, a batch of columns per call."""
     n = chunk.num_samples
     parts = [(layout, buf, keep) for _, layout, buf, keep in fetched.parts]
-    for layout, _, _ in parts[1:]:
-        if layout.block_starts != parts[0][0].block_starts:
-            raise CorruptError(f"{layout.where} is not aligned with its chunk's blocks")
+    row_starts([layout for layout, _, _ in parts])  # CorruptError unless aligned
     checked = tuple(src.path in fetched.verified for src, _, _, _ in fetched.parts)
     found = decode_columns(parts, reader.decoder, checked) if parts else {}
     names = sorted(job.inputs) if job.inputs is not None else list(found)

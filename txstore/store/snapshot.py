@@ -10,6 +10,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from itertools import accumulate, groupby
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
@@ -23,7 +24,14 @@ from ..errors import (
     NotFoundError,
 )
 from ..format import manifest as fmt
-from ..format.chunk import FLAG_SPARSE, ChunkLayout, FrameIndex, check_header, parse_footer
+from ..format.chunk import (
+    FLAG_SPARSE,
+    Apart,
+    ChunkLayout,
+    FrameIndex,
+    check_header,
+    parse_footer,
+)
 from ..format.codec import chunk_digest, crc32
 from ..format.frames import (
     FileBytes,
@@ -33,6 +41,7 @@ from ..format.frames import (
     decode_value,
     decode_values,
     frame_presence,
+    row_starts,
     select_frames,
 )
 from ..format.manifest import ChunkFile, ChunkRef, Manifest, chunk_files
@@ -278,18 +287,34 @@ class ChunkReader:
         for src in self._sources(chunk):
             # One sample need not pay for checking the frames of the whole chunk.
             layout = self.layout(src, version, lazy=True)
-            block, i = layout.locate(index)
-            frames = select_frames(layout, block, self.keep(src, layout, fields))
-            if not frames:
-                continue
-            n = layout.block_samples(block)
-            start = frames[0].offset
-            buf = self._block_bytes(src, version, block, frames, "for one sample")
+            keep = self.keep(src, layout, fields)
             names = layout.columns
-            for frame in frames:
-                value = decode_value(buf, start, frame, n, i, self.decoder, layout, views)
+            if layout.has_blocks:
+                block, i = layout.locate(index)
+                frames = select_frames(layout, block, keep)
+                if frames:
+                    n = layout.block_samples(block)
+                    start = frames[0].offset
+                    buf = self._block_bytes(src, version, block, frames, "for one sample")
+                    for frame in frames:
+                        value = decode_value(buf, start, frame, n, i, self.decoder, layout, views)
+                        if value is not ABSENT:
+                            out[names[frame.column]] = value
+            apart = layout.apart_of(keep)
+            if not apart:
+                continue
+            # Each in its place among the block's columns (docs/format.md §7.6).
+            got = {name: out.pop(name) for name in names if name in out}
+            for name, found in apart:
+                piece, i = found.locate(index)
+                frame = found.frames[piece]
+                buf = self._block_bytes(src, version, piece, (frame,), f"piece of {name!r}")
+                n = found.size(piece)
+                value = decode_value(buf, frame.offset, frame, n, i, self.decoder, layout, views)
                 if value is not ABSENT:
-                    out[names[frame.column]] = value
+                    got[name] = value
+            rank = layout.rank
+            out.update((name, got[name]) for name in sorted(got, key=rank.__getitem__))
         return out
 
     def _block_bytes(
@@ -312,6 +337,7 @@ class ChunkReader:
         in the order of ``picks``, None where a sample lacks the field. Each block is read,
         and each of its frames checked, once for all the picks in it."""
         columns: dict[str, list[Any]] = {}
+        place: dict[str, int] = {}  # the columns in the order their files list them
         count = len(picks)
         order = sorted(range(count), key=lambda k: (picks[k][0].path, picks[k][1]))
         for _, group in groupby(order, key=lambda k: picks[k][0].path):
@@ -320,41 +346,54 @@ class ChunkReader:
             for src in self._sources(chunk):
                 layout = self.layout(src, version, lazy=True)
                 keep = self.keep(src, layout, fields)
-                names, starts = layout.columns, layout.block_starts
-                # Runs of picks in one block (sorted by index): [first, last) of ``ks``.
-                first = 0
-                while first < len(ks):
-                    block = bisect_right(starts, picks[ks[first]][1]) - 1
-                    last, limit = first + 1, starts[block + 1]
-                    while last < len(ks) and picks[ks[last]][1] < limit:
-                        last += 1
-                    outs = ks[first:last]
-                    first = last
-                    frames = select_frames(layout, block, keep)
-                    if not frames:
-                        continue
-                    base = starts[block]
-                    rows = [picks[k][1] - base for k in outs]
-                    buf = self._block_bytes(src, version, block, frames, "for take")
-                    at, n = frames[0].offset, limit - base
-                    for frame in frames:
-                        values = decode_values(buf, at, frame, n, rows, self.decoder, layout)
-                        column = columns.get(names[frame.column])
-                        if column is None:
-                            column = columns[names[frame.column]] = [None] * count
-                        for k, value in zip(outs, values, strict=True):
-                            if value is not ABSENT:
-                                column[k] = value
-        return columns
+                names = layout.columns
+                for name in names:
+                    place.setdefault(name, len(place))
+                # The blocks, then each column stored apart: a partition of the samples and
+                # the frames of each part.
+                groups: list[tuple[list[int], Callable[[int], Sequence[FrameIndex]]]] = []
+                if layout.has_blocks:
+                    groups.append((layout.block_starts, partial(_block_frames, layout, keep)))
+                for _, found in layout.apart_of(keep):
+                    groups.append((found.starts, partial(_piece_frame, found)))
+                for starts, frames_of in groups:
+                    # Runs of picks in one part (sorted by index): [first, last) of ``ks``.
+                    first = 0
+                    while first < len(ks):
+                        block = bisect_right(starts, picks[ks[first]][1]) - 1
+                        last, limit = first + 1, starts[block + 1]
+                        while last < len(ks) and picks[ks[last]][1] < limit:
+                            last += 1
+                        outs = ks[first:last]
+                        first = last
+                        frames = frames_of(block)
+                        if not frames:
+                            continue
+                        base = starts[block]
+                        rows = [picks[k][1] - base for k in outs]
+                        buf = self._block_bytes(src, version, block, frames, "for take")
+                        at, n = frames[0].offset, limit - base
+                        for frame in frames:
+                            values = decode_values(buf, at, frame, n, rows, self.decoder, layout)
+                            column = columns.get(names[frame.column])
+                            if column is None:
+                                column = columns[names[frame.column]] = [None] * count
+                            for k, value in zip(outs, values, strict=True):
+                                if value is not ABSENT:
+                                    column[k] = value
+        return {name: columns[name] for name in sorted(columns, key=place.__getitem__)}
 
     def head_ranges(
         self, src: ChunkFile, version: int, start: int, stop: int, part_bytes: int
-    ) -> tuple[ChunkLayout, list[tuple[int, int]]]:
-        """The footer of ``src``, and the byte ranges of the blocks holding its samples
+    ) -> tuple[ChunkLayout, list[tuple[int, int]], list[tuple[int, int]]]:
+        """The footer of ``src``, the byte ranges of the blocks holding its samples
         [start, stop): whole blocks, grouped into ranges of about ``part_bytes`` (one larger
-        block is one range), which a caller reads at once and decodes (``Ranges``) before
-        the rest of the file is in."""
+        block is one range), and those of the pieces of its columns stored apart that hold
+        the same samples, which a caller reads at once and decodes (``Ranges``) before the
+        rest of the file is in. None for a file without blocks."""
         layout = self.layout(src, version, lazy=True)
+        if not layout.has_blocks:
+            return layout, [], []
         first, _ = layout.locate(start)
         last, _ = layout.locate(stop - 1)
         ranges: list[tuple[int, int]] = []
@@ -370,7 +409,13 @@ class ChunkReader:
                 # From the file's first byte for the first block: with the header, the rest
                 # of the file is one range, not two.
                 ranges.append((0 if block == 0 else low, high))
-        return layout, ranges
+        low, high = layout.block_starts[first], layout.block_starts[last + 1]
+        pieces = [
+            (frame.offset, frame.offset + frame.length)
+            for _, found in layout.apart_of(None)
+            for frame in (found.frames[k] for k in found.covering(low, high))
+        ]
+        return layout, ranges, pieces
 
     def map_whole(self, chunk: ChunkRef, version: int) -> dict[str, bytes | memoryview]:
         """The buffers of the sources ``fetch`` reads whole (fields None), by path: cheap
@@ -423,6 +468,11 @@ class ChunkReader:
             for f in block.frames
             if names[f.column] in keep
         ]
+        spans += [
+            (f.offset, f.offset + f.length)
+            for _, found in layout.apart_of(keep)
+            for f in found.frames
+        ]
         return self._read_spans(src, spans, version, f"frames of {sorted(keep)}")
 
     def _read_spans(
@@ -458,26 +508,34 @@ class ChunkReader:
             }
             if not visible:
                 continue
-            blocks = layout.footer.blocks
+            # Each frame of a visible column with the samples it holds: the blocks', then
+            # the pieces' of the columns stored apart.
+            spans = [
+                (layout.block_starts[number], block.num_samples, frame)
+                for number, block in enumerate(layout.footer.blocks)
+                for frame in block.frames
+                if frame.column in visible
+            ]
+            spans += [
+                (found.starts[piece], found.size(piece), frame)
+                for column, found in layout.apart.items()
+                if column in visible
+                for piece, frame in enumerate(found.frames)
+            ]
             sparse = [
                 (f.offset, f.offset + f.length)
-                for block in blocks
-                for f in block.frames
-                if exact and f.column in visible and f.flags & FLAG_SPARSE
+                for _, _, f in spans
+                if exact and f.flags & FLAG_SPARSE
             ]
             buf = self._read_spans(src, sparse, version, "sparse frames") if sparse else None
-            for number, block in enumerate(blocks):
-                low, n = layout.block_starts[number], block.num_samples
-                for frame in block.frames:
-                    if frame.column not in visible:
-                        continue
-                    out = runs.setdefault(names[frame.column], [])
-                    if buf is None or not frame.flags & FLAG_SPARSE:
-                        _add_run(out, low, low + n)
-                        continue
-                    for k, present in enumerate(frame_presence(buf, frame, n, layout)):
-                        if present:
-                            _add_run(out, low + k, low + k + 1)
+            for low, n, frame in spans:
+                out = runs.setdefault(names[frame.column], [])
+                if buf is None or not frame.flags & FLAG_SPARSE:
+                    _add_run(out, low, low + n)
+                    continue
+                for k, present in enumerate(frame_presence(buf, frame, n, layout)):
+                    if present:
+                        _add_run(out, low + k, low + k + 1)
         return runs
 
     def fetch(
@@ -523,16 +581,12 @@ class ChunkReader:
         if not fetched.parts:  # no field asked for is in this chunk
             yield from ({} for _ in range(start, stop))
             return
-        layouts = [layout for _, layout, _, _ in fetched.parts]
-        block_starts = layouts[0].block_starts
-        for layout in layouts[1:]:
-            if layout.block_starts != block_starts:
-                raise CorruptError(f"{layout.where} is not aligned with its chunk's blocks")
+        block_starts = row_starts([layout for _, layout, _, _ in fetched.parts])
         first = bisect_right(block_starts, start) - 1 if start else 0
         last = max(first, bisect_left(block_starts, stop))  # blocks [first, last) hold them
         parts = [(layout, buf, keep) for _, layout, buf, keep in fetched.parts]
         checked = tuple(src.path in fetched.verified for src, _, _, _ in fetched.parts)
-        blocks = decode_blocks(parts, first, last, self.decoder, views, checked)
+        blocks = decode_blocks(parts, first, last, self.decoder, views, checked, block_starts)
         for number, rows in enumerate(blocks, start=first):
             block_start, block_stop = block_starts[number], block_starts[number + 1]
             if block_start < start or block_stop > stop:
@@ -545,13 +599,20 @@ class ChunkReader:
 
         if not fetched.parts:  # no field asked for is in this chunk
             return arrow.empty_table(chunk.num_samples)
-        layouts = [layout for _, layout, _, _ in fetched.parts]
-        for layout in layouts[1:]:
-            if layout.block_starts != layouts[0].block_starts:
-                raise CorruptError(f"{layout.where} is not aligned with its chunk's blocks")
+        block_starts = row_starts([layout for _, layout, _, _ in fetched.parts])
         parts = [(layout, buf, keep) for _, layout, buf, keep in fetched.parts]
         checked = tuple(src.path in fetched.verified for src, _, _, _ in fetched.parts)
-        return arrow.chunk_table(parts, self.decoder, checked)
+        return arrow.chunk_table(parts, block_starts, self.decoder, checked)
+
+
+def _block_frames(
+    layout: ChunkLayout, keep: frozenset[str] | None, block: int
+) -> Sequence[FrameIndex]:
+    return select_frames(layout, block, keep)
+
+
+def _piece_frame(found: Apart, piece: int) -> Sequence[FrameIndex]:
+    return (found.frames[piece],)
 
 
 def _sample_index(index: Any) -> int:

@@ -266,20 +266,23 @@ class _ChunkFetcher:
         ):
             return None
         src, version = files[0], self._snapshot.version
-        layout, ranges = self._remote.head_ranges(src, version, start, stop, HEAD_PART_BYTES)
+        layout, ranges, apart = self._remote.head_ranges(src, version, start, stop, HEAD_PART_BYTES)
         adjacent = all(a[1] == b[0] for a, b in itertools.pairwise(ranges))
         if not ranges or not adjacent or ranges[-1][1] - ranges[0][0] > src.size // 2:
             return None
         head = Head(src.path, ranges[0][0], ranges[-1][1], Future())
         whole = self._pool.submit(self._cache.fetch, chunk, version, head)
         try:
-            pieces = self._snapshot.storage.read_ranges(src.path, ranges)
+            # The pieces of columns stored apart lie elsewhere in the file: read with the
+            # blocks, in the same round trip, but not part of the head the download takes.
+            pieces = self._snapshot.storage.read_ranges(src.path, ranges + apart)
         except BaseException as e:
             head.data.set_exception(e)
             raise
+        blocks = pieces[: len(ranges)]
         # The ranges are adjacent: the download writes them as one piece.
-        head.data.set_result(pieces[0] if len(pieces) == 1 else b"".join(pieces))
-        return Fetched.of_ranges(src, layout, ranges, pieces), whole
+        head.data.set_result(blocks[0] if len(blocks) == 1 else b"".join(blocks))
+        return Fetched.of_ranges(src, layout, ranges + apart, pieces), whole
 
     def release(self, chunk: ChunkRef) -> None:
         if self._cache is None:

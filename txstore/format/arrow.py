@@ -859,7 +859,7 @@ def chunk_table(
         part_shown: dict[str, None] = {}
         if whole is not None and check is None:
             done |= _whole_columns(layout, whole, keep, block_starts, decoder)
-        for number, block in enumerate(layout.footer.blocks):
+        for number, block in enumerate(layout.blocks_of(keep)):
             n = block_starts[number + 1] - block_starts[number]
             for frame in block.frames:
                 name = names[frame.column]
@@ -959,6 +959,22 @@ def _whole_columns(
         if array is not None:
             out[name] = array
     return out
+
+
+def input_table(table: pa.Table, names: list[str] | None) -> pa.Table:
+    """A chunk's table with only the columns ``names`` (None: all), in that order; one the
+    chunk lacks as nulls."""
+    if names is None:
+        return table
+    have, n = set(table.column_names), table.num_rows
+    return pa.table({name: table.column(name) if name in have else pa.nulls(n) for name in names})
+
+
+def rows_batch(table: pa.Table, start: int, stop: int) -> pa.RecordBatch:
+    """Rows [start, stop) of a table as one RecordBatch."""
+    piece = table.slice(start, stop - start).combine_chunks()
+    batches = piece.to_batches()
+    return batches[0] if batches else pa.RecordBatch.from_pylist([], schema=piece.schema)
 
 
 def record_batch(names: list[str], columns: list[list[Any]]) -> pa.RecordBatch:

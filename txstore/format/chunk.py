@@ -340,6 +340,19 @@ class ChunkLayout:
         """Whether the file has blocks: a file whose columns are all stored apart has none."""
         return len(self.block_starts) > 1
 
+    def blocks_of(
+        self, keep: frozenset[str] | None, hidden: frozenset[str] = frozenset()
+    ) -> list[BlockIndex]:
+        """The blocks, each frame checked (``footer.blocks``), when a column of ``keep``
+        (None: any) not in ``hidden`` is stored in them; else none, and the blocks' frames
+        are not decoded (a reader of columns stored apart alone)."""
+        rank, apart = self.rank, self.apart
+        wanted = self.columns if keep is None else keep
+        if any(name not in hidden and rank.get(name, -1) >= 0 and rank[name] not in apart
+               for name in wanted):  # fmt: skip
+            return self.footer.blocks
+        return []
+
     def apart_of(self, keep: frozenset[str] | None) -> list[tuple[str, Apart]]:
         """The columns stored apart among ``keep`` (None: all), with their names."""
         names = self.columns

@@ -383,7 +383,7 @@ def decode_columns(
         names = layout.columns
         spans = [
             (names[frame.column], layout.block_starts[block_number], block.num_samples, frame)
-            for block_number, block in enumerate(layout.footer.blocks)
+            for block_number, block in enumerate(layout.blocks_of(keep))
             for frame in block.frames
         ]
         spans += [

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Executor, Future
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +48,7 @@ from .snapshot import (
 )
 
 _MAX_ROUNDS = 20  # rounds of catching up with concurrent appends before giving up
+_WRITERS = 4  # field files stored at once, while the next ones are computed
 
 
 def _check_names(fields: Iterable[str]) -> tuple[str, ...]:
@@ -166,10 +167,11 @@ def compute_field_file(
     first: int,
     todo: Runs,
     reader: ChunkReader | None = None,
-) -> tuple[str, FieldFile]:
+) -> ChunkBuilder:
     """Compute ``job.fields`` for the samples of ``chunk`` in ``todo`` (runs of local
-    indices); the others keep their values of them. Store them all as one field file.
-    ``reader``: the store's, whose footers are read already (a worker makes its own)."""
+    indices); the others keep their values of them. All of them as one field file's
+    builder, to be stored (``_write``). ``reader``: the store's, whose footers are read
+    already (a worker makes its own)."""
     reader = ChunkReader(storage) if reader is None else reader
     names = frozenset(job.fields)
     computed = sum(stop - start for start, stop in todo)
@@ -186,11 +188,11 @@ def compute_field_file(
         pieces = _batch_columns(reader, fetched, chunk, fn, job, first)
         if len({piece.names for piece in pieces}) == 1:
             builder.add_apart(columnar.ColumnBatch.concat(pieces))
-            return chunk.path, _write(storage, builder, job)
+            return builder
         # The batches returned different fields: their values sample by sample.
         for local, row in enumerate(row for piece in pieces for row in _piece_rows(piece)):
             builder.add(row, first + local)
-        return chunk.path, _write(storage, builder, job)
+        return builder
     values: list[dict[str, Any] | None] = [None] * chunk.num_samples
     pending: list[tuple[int, Sample]] = []
     compute = _per_batch if job.batch_size is not None else _per_sample
@@ -228,7 +230,7 @@ def compute_field_file(
     for local, new in enumerate(values):
         assert new is not None
         builder.add(new, first + local)
-    return chunk.path, _write(storage, builder, job)
+    return builder
 
 
 def _write(storage: Storage, builder: ChunkBuilder, job: FieldJob) -> FieldFile:
@@ -256,14 +258,24 @@ def _batch_columns(
     """``fn`` over every sample of ``chunk``, ``batch_size`` at a time, read and written a
     column at a time (no dict per sample): the new fields, a batch of columns per call."""
     n = chunk.num_samples
+    size = job.batch_size or n
+    pieces: list[columnar.ColumnBatch] = []
+    if job.batch_format == "arrow":  # the columns decoded into Arrow, not Python values
+        from ..format import arrow
+
+        wanted = sorted(job.inputs) if job.inputs is not None else None
+        table = arrow.input_table(reader.table(fetched, chunk), wanted)
+        for start in range(0, n, size):
+            stop = min(n, start + size)
+            given = arrow.rows_batch(table, start, stop)
+            pieces.append(_call_for_columns(fn, [], [], job, first + start, stop - start, given))
+        return pieces
     parts = [(layout, buf, keep) for _, layout, buf, keep in fetched.parts]
     row_starts([layout for layout, _, _ in parts])  # CorruptError unless aligned
     checked = tuple(src.path in fetched.verified for src, _, _, _ in fetched.parts)
     found = decode_columns(parts, reader.decoder, checked) if parts else {}
     names = sorted(job.inputs) if job.inputs is not None else list(found)
     columns = [found.get(name) or [None] * n for name in names]
-    size = job.batch_size or n
-    pieces: list[columnar.ColumnBatch] = []
     for start in range(0, n, size):
         stop = min(n, start + size)
         batch = [column[start:stop] for column in columns]
@@ -286,9 +298,14 @@ def _call_for_columns(
     job: FieldJob,
     first: int,
     n: int,
+    given: Any = None,
 ) -> columnar.ColumnBatch:
+    """``fn`` on a batch of ``n`` samples (``names`` and their columns, or ``given``: an Arrow
+    batch of them), its result checked and encoded."""
     where = f"the batch of samples from {first}"
-    if job.batch_format == "arrow":
+    if given is not None:
+        out = fn(given)
+    elif job.batch_format == "arrow":
         from ..format import arrow
 
         out = fn(arrow.record_batch(names, batch))
@@ -369,7 +386,8 @@ def _presence(
 ) -> list[dict[str, Runs]]:
     """Per chunk, the runs of its samples that have each field of ``names``."""
     reader, version = snap.reader, snap.version
-    return map_threads(lambda chunk: reader.presence(chunk, version, names), chunks, 16)
+    threads = 16 if snap.storage.is_remote else 1  # local footers: no wait to hide
+    return map_threads(lambda chunk: reader.presence(chunk, version, names), chunks, threads)
 
 
 def _have_all(chunk: ChunkRef, found: dict[str, Runs], names: frozenset[str]) -> Runs:
@@ -553,12 +571,20 @@ def _run(
 ) -> Iterable[tuple[str, FieldFile]]:
     version, config = parent.version, parent.config
     if pool is None:
-        for chunk, todo in work:
-            first = firsts[chunk.path]
-            yield compute_field_file(
-                ctx.storage, chunk, version, config, fn, job, first, todo, ctx.reader
-            )
-            report.update(sum(stop - start for start, stop in todo))
+        # ``fn`` on this thread, one chunk after another; each field file stored (and
+        # fsynced) on a thread of its own meanwhile.
+        storage = ctx.storage
+        with ThreadPoolExecutor(_WRITERS, thread_name_prefix="txstore-fields") as writes:
+            stored: list[tuple[str, Runs, Future[FieldFile]]] = []
+            for chunk, todo in work:
+                first = firsts[chunk.path]
+                builder = compute_field_file(
+                    storage, chunk, version, config, fn, job, first, todo, ctx.reader
+                )
+                stored.append((chunk.path, todo, writes.submit(_write, storage, builder, job)))
+            for path, todo, written in stored:
+                yield path, written.result()
+                report.update(sum(stop - start for start, stop in todo))
         return
     uri, options = ctx.storage.uri, ctx.storage.storage_options
     futures: list[tuple[Runs, Future[tuple[str, FieldFile]]]] = [
@@ -587,7 +613,8 @@ def _compute_in_worker(
 ) -> tuple[str, FieldFile]:
     # A storage client of the worker's own: s3fs clients and open files do not survive fork.
     storage = open_storage(uri, options or None)
-    return compute_field_file(storage, chunk, version, config, job(), job_, first, todo)
+    builder = compute_field_file(storage, chunk, version, config, job(), job_, first, todo)
+    return chunk.path, _write(storage, builder, job_)
 
 
 def drop_fields(ctx: StoreContext, fields: Iterable[str], *, message: str | None = None) -> Commit:

@@ -133,7 +133,7 @@ R = TypeVar("R")
 def map_threads(fn: Callable[[T], R], items: Sequence[T], threads: int) -> list[R]:
     """``fn`` over ``items`` on up to ``threads`` threads (remote reads wait on I/O); on this
     thread alone for one item."""
-    if len(items) <= 1:
+    if len(items) <= 1 or threads <= 1:
         return [fn(item) for item in items]
     with ThreadPoolExecutor(min(threads, len(items)), thread_name_prefix="txstore-fields") as pool:
         return list(pool.map(fn, items))
@@ -464,7 +464,7 @@ class ChunkReader:
         names = layout.columns
         spans = [
             (f.offset, f.offset + f.length)
-            for block in layout.footer.blocks
+            for block in layout.blocks_of(keep)
             for f in block.frames
             if names[f.column] in keep
         ]
@@ -499,7 +499,7 @@ class ChunkReader:
         footers alone, a block with a sparse frame counted whole."""
         runs: dict[str, Runs] = {}
         for src in chunk_files(chunk):
-            layout = self.layout(src, version)
+            layout = self.layout(src, version, lazy=True)
             names = layout.columns
             visible = {
                 i
@@ -512,7 +512,7 @@ class ChunkReader:
             # the pieces' of the columns stored apart.
             spans = [
                 (layout.block_starts[number], block.num_samples, frame)
-                for number, block in enumerate(layout.footer.blocks)
+                for number, block in enumerate(layout.blocks_of(fields, src.hidden))
                 for frame in block.frames
                 if frame.column in visible
             ]
@@ -560,7 +560,7 @@ class ChunkReader:
                 if whole:
                     verified.add(src.path)
                 continue
-            layout = self.layout(src, version)
+            layout = self.layout(src, version, lazy=True)
             keep = self.keep(src, layout, fields)
             if keep:
                 parts.append((src, layout, self._read_frames(src, layout, keep, version), keep))
@@ -804,7 +804,8 @@ class Snapshot(Sequence[Sample]):
             return self._reader.presence(chunk, version, fields, exact)
 
         out: dict[str, Runs] = {}
-        for number, found in enumerate(map_threads(one, chunks, self._FOOTER_READS)):
+        threads = self._FOOTER_READS if self.storage.is_remote else 1  # local: no wait to hide
+        for number, found in enumerate(map_threads(one, chunks, threads)):
             base = starts[number]
             for name, runs in found.items():
                 merged = out.setdefault(name, [])

@@ -2,8 +2,8 @@
 through txstore's reader: a footer as a tree of MessagePack values, ``[major, minor,
 num_samples, columns, [[num_samples, [frame, ...]], ...]]``, whichever layout the file has
 (the packed footer of format 3 or the list of formats 1 and 2), and from major 4 a sixth item
-when the file has columns stored apart: ``[[column, [[num_samples, frame], ...]], ...]``, a
-piece's sample count and frame per piece (§7.6)."""
+when the file has columns stored apart: ``[[column, [[num_samples, frame], ...], copy], ...]``,
+a piece's sample count and frame per piece (§7.6)."""
 
 from __future__ import annotations
 
@@ -40,11 +40,11 @@ def split(data: bytes) -> tuple[bytes, Any]:
             for k in range(count)
         ]
         footer = [major, minor, num_samples, columns, listed]
-        for column, piece_starts, piece_frames in apart[0] if apart else ():
+        for column, piece_starts, piece_frames, copy in apart[0] if apart else ():
             footer[5:] = footer[5:] or [[]]
             bounds = struct.unpack(f"<{len(piece_frames) + 1}Q", piece_starts)
             pieces = [[b - a, f] for a, b, f in zip(bounds, bounds[1:], piece_frames, strict=False)]
-            footer[5].append([column, pieces])
+            footer[5].append([column, pieces, copy])
     return data[:start], footer
 
 
@@ -67,8 +67,9 @@ def pack(footer: Any) -> Any:
                             for start in itertools.accumulate((p[0] for p in pieces), initial=0)
                         ),
                         [p[1] for p in pieces],
+                        copy,
                     ]
-                    for column, pieces in rest[0]
+                    for column, pieces, copy in rest[0]
                 ],
                 *rest[1:],
             ]

@@ -826,7 +826,7 @@ def _frames(footer: Any) -> list[tuple[int, int]]:
     """Every frame of a footer tree (``chunkfiles``): (block, frame) for a block's, and
     (-1 - column's place in ``apart``, piece) for a piece of a column stored apart."""
     out = [(b, f) for b, block in enumerate(footer[4]) for f in range(len(block[1]))]
-    for a, (_, pieces) in enumerate(footer[5] if len(footer) > 5 else ()):
+    for a, (_, pieces, _) in enumerate(footer[5] if len(footer) > 5 else ()):
         out += [(-1 - a, p) for p in range(len(pieces))]
     return out
 

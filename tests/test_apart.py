@@ -71,8 +71,9 @@ def test_small_columns_of_a_chunk_of_many_blocks_are_stored_apart(tmp_path: Path
     assert len(layout.block_starts) - 1 > 200  # 2 KiB samples in blocks of 64 KiB
     for found in layout.apart.values():  # a few pieces of at most 4096, not one per block
         assert len(found.frames) == math.ceil(N / 4096)
+        assert found.copy  # the blocks hold them too: a sample is read from its block alone
     for block in layout.footer.blocks:
-        assert [layout.columns[f.column] for f in block.frames] == ["tokens"]
+        assert [layout.columns[f.column] for f in block.frames] == ["id", "tokens", "label"]
 
     snap = store.snapshot()
     assert list(snap) == samples
@@ -185,8 +186,10 @@ def test_a_field_some_samples_lack_in_a_field_file(tmp_path: Path) -> None:
 # -- the footer's rules (docs/format.md §7.6) ------------------------------------------------
 
 
-def _chunk_with_apart() -> bytes:
-    builder = ChunkBuilder(block_bytes=65536, compressor=FrameCompressor(None, 3))
+def _chunk_with_apart(copy: bool = True) -> bytes:
+    """A chunk whose `id` is stored apart (a copy), or (``copy`` false) a field file-like
+    chunk whose columns are all stored apart."""
+    builder = ChunkBuilder(block_bytes=65536, compressor=FrameCompressor(None, 3), apart=not copy)
     for i in range(5000):
         builder.add({"id": i, "blob": bytes(2000)}, i)
     return b"".join(builder.finish())
@@ -211,26 +214,35 @@ def test_the_rules_of_columns_stored_apart_are_checked() -> None:
     data = _chunk_with_apart()
     body, footer = _footer(data)
     assert footer[0] == 4 and len(footer[5]) == 1  # id, stored apart
-    ((column, pieces),) = footer[5]
+    ((column, pieces, copy),) = footer[5]
+    assert copy is True
     assert footer[3][column] == "id" and [n for n, _ in pieces] == [4096, 904]
     _resealed(body, footer)  # the untouched tree packs back to a valid file
     parse_footer(_resealed(body, footer)[len(body) :], "test", len(body))
 
-    short = [*footer[:5], [[column, [[4096, pieces[0][1]]]]]]  # samples left out
+    short = [*footer[:5], [[column, [[4096, pieces[0][1]]], True]]]  # samples left out
     _refused(_resealed(body, short), r"stored apart: its pieces do not hold samples 0 to 5000")
-    other = [*footer[:5], [[column, [pieces[0], [904, [1 - column, *pieces[1][1][1:]]]]]]]
+    other = [*footer[:5], [[column, [pieces[0], [904, [1 - column, *pieces[1][1][1:]]]], True]]]
     _refused(_resealed(body, other), r"stored apart: piece 1 has a frame of column")
-    outside = [*footer[:5], [[column, [pieces[0], [904, [column, 10**9, *pieces[1][1][2:]]]]]]]
+    outside = [
+        *footer[:5],
+        [[column, [pieces[0], [904, [column, 10**9, *pieces[1][1][2:]]]], True]],
+    ]
     _refused(_resealed(body, outside), r"piece 1: a frame at \[1000000000, .* lies outside")
-    twice = [*footer[:5], [[column, pieces], [column, pieces]]]
+    twice = [*footer[:5], [[column, pieces, True], [column, pieces, True]]]
     _refused(_resealed(body, twice), r"column 0 is stored apart twice")
-    # A block with a frame of the column stored apart.
-    blocks = [[n, [*frames, pieces[0][1]]] if k == 0 else [n, frames]
-              for k, (n, frames) in enumerate(footer[4])]  # fmt: skip
-    _refused(_resealed(body, [*footer[:4], blocks, footer[5]]), r"frame of a column stored apart")
     # Major 3 has no columns stored apart: its footer is eight items long.
     three = struct.pack("<4sHH", b"TXSC", 3, 0) + body[8:]
     _refused(_resealed(three, [3, *footer[1:]]), r"major 3 with columns stored apart")
+    # A column stored apart alone (no copy): no block may hold a frame of it. The blocks of
+    # a chunk whose columns are all apart are none; give it one, holding an id frame.
+    body, alone = _footer(_chunk_with_apart(copy=False))
+    assert alone[4] == [] and all(copy is False for _, _, copy in alone[5])
+    ids = next(pieces for c, pieces, _ in alone[5] if alone[3][c] == "id")
+    blocks = [[n, [frame]] for n, frame in ids]  # the pieces' frames, again as blocks
+    _refused(
+        _resealed(body, [*alone[:4], blocks, alone[5]]), r"frame of a column stored apart alone"
+    )
 
 
 def test_a_reader_of_major_3_refuses_a_major_4_chunk_as_newer() -> None:

@@ -840,11 +840,14 @@ def chunk_table(
     block_starts: list[int],
     decoder: Any,
     checked: tuple[bool, ...],
+    pieces: bool = True,
 ) -> pa.Table:
     """A chunk's samples as a table, from the bytes of its sources (as ``decode_blocks``
     takes them, with the blocks of those that have them): a column per field, in the order
     the chunk's blocks first show them (a column stored apart in its place among them); a
-    sample without a field has a null there."""
+    sample without a field has a null there. A column stored apart is read from its pieces
+    (``pieces`` false: only one the blocks do not hold too, as a fetch for samples reads
+    them)."""
     from .codec import open_frame
     from .frames import Ranges
 
@@ -857,13 +860,15 @@ def chunk_table(
         whole = None if isinstance(buf, Ranges) else memoryview(buf)
         names = layout.columns
         part_shown: dict[str, None] = {}
+        apart = layout.apart_of(keep) if pieces else layout.apart_only(keep)
+        skip = {found.column for _, found in apart}  # read from their pieces below
         if whole is not None and check is None:
             done |= _whole_columns(layout, whole, keep, block_starts, decoder)
-        for number, block in enumerate(layout.blocks_of(keep)):
+        for number, block in enumerate(layout.blocks_of(keep) if pieces else layout.footer.blocks):
             n = block_starts[number + 1] - block_starts[number]
             for frame in block.frames:
                 name = names[frame.column]
-                if keep is not None and name not in keep:
+                if (keep is not None and name not in keep) or frame.column in skip:
                     continue
                 part_shown.setdefault(name)
                 if name in done:
@@ -886,7 +891,6 @@ def chunk_table(
                         for b in range(num_blocks)
                     ]
                 slots[number] = (n, raw, bool(frame.flags & FLAG_SPARSE))
-        apart = layout.apart_of(keep)
         for name, found in apart:
             # A column stored apart: its pieces, in order, stand for the blocks.
             part_shown.setdefault(name)
@@ -938,6 +942,8 @@ def _whole_columns(
     refused: set[int] = set()
     for block in layout.footer.blocks:
         for f in block.frames:
+            if f.column in layout.apart:
+                continue  # read from its pieces
             if f.codec or f.flags & FLAG_SPARSE:
                 refused.add(f.column)
             else:

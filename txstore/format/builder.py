@@ -635,7 +635,7 @@ class ChunkBuilder:
         in_blocks = [
             (name, column)
             for name, column in zip(batch.names, batch.columns, strict=True)
-            if not self._is_apart(name)
+            if not self._apart_all
         ]
         for name, column in zip(batch.names, batch.columns, strict=True):
             if self._is_apart(name):
@@ -659,7 +659,9 @@ class ChunkBuilder:
     def _choose_apart(self, sizes: dict[str, float], n: int) -> None:
         """Choose the chunk's columns stored apart from its first block (``n`` samples, each
         column's average encoded size), before any of its frames is sealed: the file's
-        major follows (4 with columns stored apart, 3 without)."""
+        major follows (4 with columns stored apart, 3 without). In a chunk they are copies:
+        the blocks hold them too, so that a reader of samples reads each sample's values
+        from its block alone."""
         chosen: frozenset[str] = frozenset()
         if self._apart_small and not self._apart_all and n <= _APART_BLOCK_SAMPLES:
             small = frozenset(name for name, size in sizes.items() if size <= _APART_VALUE_BYTES)
@@ -667,6 +669,7 @@ class ChunkBuilder:
                 chosen = small
         self._apart = chosen
         self._sealed.major = major_of(self._apart_all or bool(chosen))
+        self._sealed.copies = not self._apart_all
 
     def _pend(self, name: str, column: Encoded, start: int, stop: int, sparse: bool) -> None:
         """Rows [start, stop) of ``column`` join the pieces of ``name``, stored apart."""
@@ -947,7 +950,7 @@ class ChunkBuilder:
         for name, (parts, sizes, sparse) in zip(self._keys, columns, strict=True):
             if self._is_apart(name):
                 self._pending_of(name).add_values(parts, sizes, sparse)
-            else:
+            if not self._apart_all:  # in the block too: a copy (docs/format.md §7.6)
                 self._seal_frame(name, parts, sizes, sparse)
                 width += 1
         self._pad_pending(self._keys, n)

@@ -13,10 +13,10 @@ u32 offset per value, so a reader decodes the whole column in one call when it s
 value when it seeks. Blocks are small (``block_bytes``), so reading one sample reads and
 decodes one block's frames of the fields asked for, never the whole chunk.
 
-A column may instead be stored apart (major 4): in pieces of its own of up to 4096 values,
-one frame each, and in no block. A reader of that column alone reads a few large frames, not
-one per block: a field file's columns are all stored apart, so that a field computed later
-is not cut into as many frames as its chunk has blocks.
+A column may also be stored apart (major 4): in pieces of its own of up to 4096 values, one
+frame each, as a copy of what the blocks hold (a chunk's small columns) or alone (a field
+file's columns, which then has no blocks). A reader of that column alone reads a few large
+frames, not one per block; a reader of samples reads a copy's values from the blocks.
 
 This module lays out the file and its footer (parsed, checked, encoded); ``frames`` reads the
 values out of the frames; ``builder`` and ``chunkfile`` write them.
@@ -88,11 +88,13 @@ class ChunkFooter(msgspec.Struct, array_like=True, frozen=True, gc=False):
 
 
 class ApartColumn(msgspec.Struct, array_like=True, frozen=True, gc=False):
-    """A column stored apart (major 4): its pieces' sample starts and one frame per piece."""
+    """A column stored apart (major 4): its pieces' sample starts and one frame per piece,
+    and whether the blocks hold the same values too (a copy for readers of that column)."""
 
     column: _Nat
     starts: bytes  # u64 LE per piece, then num_samples: piece k holds [starts[k], starts[k+1])
     frames: tuple[FrameIndex, ...]  # piece k's frame
+    copy: bool  # the blocks hold the column too (its values in both)
 
 
 # The footer of major 3 on: the blocks' sample counts and where each one's frames are, as
@@ -343,9 +345,9 @@ class ChunkLayout:
     def blocks_of(
         self, keep: frozenset[str] | None, hidden: frozenset[str] = frozenset()
     ) -> list[BlockIndex]:
-        """The blocks, each frame checked (``footer.blocks``), when a column of ``keep``
-        (None: any) not in ``hidden`` is stored in them; else none, and the blocks' frames
-        are not decoded (a reader of columns stored apart alone)."""
+        """The blocks, each frame checked (``footer.blocks``), when a reader of columns
+        needs them: a column of ``keep`` (None: any) not in ``hidden`` is in them and not
+        stored apart too; else none, and the blocks' frames are not decoded."""
         rank, apart = self.rank, self.apart
         wanted = self.columns if keep is None else keep
         if any(name not in hidden and rank.get(name, -1) >= 0 and rank[name] not in apart
@@ -354,7 +356,8 @@ class ChunkLayout:
         return []
 
     def apart_of(self, keep: frozenset[str] | None) -> list[tuple[str, Apart]]:
-        """The columns stored apart among ``keep`` (None: all), with their names."""
+        """The columns stored apart among ``keep`` (None: all), with their names: where a
+        reader of columns reads them."""
         names = self.columns
         return [
             (names[column], found)
@@ -362,17 +365,26 @@ class ChunkLayout:
             if keep is None or names[column] in keep
         ]
 
+    def apart_only(self, keep: frozenset[str] | None) -> list[tuple[str, Apart]]:
+        """``apart_of`` less the columns the blocks hold too: what a reader of samples reads
+        from pieces (the others it finds in the blocks, with the rest of each sample)."""
+        return [(name, found) for name, found in self.apart_of(keep) if not found.copy]
+
 
 class Apart:
     """A column stored apart: where its pieces start (sample numbers, then the chunk's
-    count) and each piece's frame. Checked when the footer is parsed."""
+    count), each piece's frame, and whether the blocks hold it too (``copy``). Checked when
+    the footer is parsed."""
 
-    __slots__ = ("column", "frames", "starts")
+    __slots__ = ("column", "copy", "frames", "starts")
 
-    def __init__(self, column: int, starts: list[int], frames: tuple[FrameIndex, ...]) -> None:
+    def __init__(
+        self, column: int, starts: list[int], frames: tuple[FrameIndex, ...], copy: bool
+    ) -> None:
         self.column = column
         self.starts = starts
         self.frames = frames
+        self.copy = copy
 
     def locate(self, index: int) -> tuple[int, int]:
         """(piece number, index within the piece) of a sample."""
@@ -429,7 +441,7 @@ def _apart_columns(footer: PackedFooter, high: int, where: str) -> dict[int, Apa
                     if why:
                         break
                 else:
-                    out[column] = Apart(column, listed, found.frames)
+                    out[column] = Apart(column, listed, found.frames, found.copy)
         if why:
             raise CorruptError(f"{where}: bad chunk footer: column {column} stored apart: {why}")
     return out
@@ -476,10 +488,11 @@ def encode_footer(
     num_samples: int,
     columns: list[str],
     blocks: Sequence[tuple[int, Sequence[FrameIndex]]],
-    apart: Sequence[tuple[int, Sequence[int], Sequence[FrameIndex]]] = (),
+    apart: Sequence[tuple[int, Sequence[int], Sequence[FrameIndex], bool]] = (),
 ) -> bytes:
     """The footer of a chunk of ``blocks`` (each its sample count and frames) and columns
-    stored ``apart`` (each its column, its pieces' sample counts and their frames): major
+    stored ``apart`` (each its column, its pieces' sample counts and their frames, and whether
+    the blocks hold it too): major
     ``APART_FROM`` with columns stored apart, ``ROWS_MAJOR`` without (the footer's layout,
     and the major in the file's header, as ``major_of`` says)."""
     encode = _ENCODER.encode
@@ -503,8 +516,9 @@ def encode_footer(
                     column,
                     struct.pack(f"<{len(counts) + 1}Q", *accumulate(counts, initial=0)),
                     tuple(frames),
+                    copy,
                 )
-                for column, counts, frames in apart
+                for column, counts, frames, copy in apart
             ]
         )
     return encode(items)
@@ -616,8 +630,8 @@ def _check_block(
         at = end
     if len(frames) > 1 and len({f.column for f in frames}) != len(frames):
         return "a block has two frames of one column"
-    if apart and any(f.column in apart for f in frames):
-        return f"block {number} has a frame of a column stored apart"
+    if apart and any(f.column in apart and not apart[f.column].copy for f in frames):
+        return f"block {number} has a frame of a column stored apart alone"
     return gap
 
 

@@ -42,10 +42,11 @@ class SealedFrames:
     its stored parts, in flat lists; the pieces of each column stored apart: (samples, frame
     number) per piece, by column."""
 
-    __slots__ = ("blocks", "frames", "major", "pieces", "stored")
+    __slots__ = ("blocks", "copies", "frames", "major", "pieces", "stored")
 
     def __init__(self) -> None:
         self.major = ROWS_MAJOR  # set by the builder before the first frame is sealed
+        self.copies = False  # whether the blocks also hold the columns stored apart
         self.blocks: list[tuple[int, int]] = []
         self.frames: list[_FrameMeta] = []
         self.stored: list[tuple[bytes | memoryview, ...]] = []
@@ -125,7 +126,7 @@ class ChunkStream:
             )
         ]
         apart = [
-            (column, [n for n, _ in pieces], [every[k] for _, k in pieces])
+            (column, [n for n, _ in pieces], [every[k] for _, k in pieces], sealed.copies)
             for column, pieces in sorted(sealed.pieces.items())
         ]
         if apart:

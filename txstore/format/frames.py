@@ -168,6 +168,27 @@ def decode_value(
     return _value_at(raw, len(raw) - 4 * n, n, i, frame, decoder, layout, views)
 
 
+def opened_frame(buf: FileBytes, base: int, frame: FrameIndex, layout: ChunkLayout) -> bytes:
+    """A frame's raw bytes, checked and decompressed, as bytes of their own (a copy for a
+    frame stored raw: never a view of the file), for a reader that keeps them."""
+    raw = _frame_raw(buf, base, frame, layout)
+    return raw.obj if isinstance(raw.obj, bytes) and len(raw) == len(raw.obj) else bytes(raw)
+
+
+def value_in(
+    raw: bytes | memoryview,
+    frame: FrameIndex,
+    n: int,
+    i: int,
+    decoder: ValueDecoder,
+    layout: ChunkLayout,
+    views: bool = False,
+) -> Any:
+    """Value ``i`` of a frame of ``n`` values already opened (``opened_frame``)."""
+    view = memoryview(raw)
+    return _value_at(view, len(view) - 4 * n, n, i, frame, decoder, layout, views)
+
+
 def decode_values(
     buf: FileBytes,
     base: int,
@@ -285,7 +306,7 @@ def decode_blocks(
         check = None if number < len(checked) and checked[number] else layout.check
         cursors += [
             (name, PieceCursor(found, buf, layout, decoder, check, views))
-            for name, found in layout.apart_of(keep)
+            for name, found in layout.apart_only(keep)
         ]
         place.update((name, (number, k)) for k, name in enumerate(layout.columns))
         if layout.has_blocks:
@@ -372,23 +393,30 @@ def decode_columns(
     parts: list[tuple[ChunkLayout, FileBytes, frozenset[str] | None]],
     decoder: ValueDecoder,
     checked: Sequence[bool] = (),
+    pieces: bool = True,
 ) -> dict[str, list[Any]]:
-    """Each kept column of a chunk's sources (as for ``decode_blocks``) as one list of its
-    values in sample order, None where a sample lacks it: a column at a time, with no dict
-    per sample, for a reader that wants columns."""
+    """Each kept column of a chunk's sources (as for ``decode_blocks``, read for columns:
+    ``ChunkReader.fetch``) as one list of its values in sample order, None where a sample
+    lacks it: a column at a time, with no dict per sample, for a reader that wants columns.
+    A column stored apart is read from its pieces (``pieces`` false: only one the blocks do
+    not hold too, as a fetch for samples reads them)."""
     total = parts[0][0].num_samples
     out: dict[str, list[Any]] = {}
     for number, (layout, buf, keep) in enumerate(parts):
         check = None if number < len(checked) and checked[number] else layout.check
         names = layout.columns
+        apart = layout.apart_of(keep) if pieces else layout.apart_only(keep)
+        skip = {found.column for _, found in apart}  # read from their pieces
+        blocks = layout.blocks_of(keep) if pieces else layout.footer.blocks
         spans = [
             (names[frame.column], layout.block_starts[block_number], block.num_samples, frame)
-            for block_number, block in enumerate(layout.blocks_of(keep))
+            for block_number, block in enumerate(blocks)
             for frame in block.frames
+            if frame.column not in skip
         ]
         spans += [
             (name, found.starts[piece], found.size(piece), frame)
-            for name, found in layout.apart_of(keep)
+            for name, found in apart
             for piece, frame in enumerate(found.frames)
         ]
         for name, low, n, frame in spans:

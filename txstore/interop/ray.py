@@ -109,7 +109,7 @@ class TxstoreDatasource(Datasource):
             def read(mine: list[Any] = mine) -> Iterator[Block]:
                 reader = ChunkReader(open_storage(uri, options or None))
                 for chunk in mine:
-                    yield reader.table(reader.fetch(chunk, version, fields), chunk)
+                    yield reader.table(reader.fetch(chunk, version, fields, columns=True), chunk)
 
             meta = BlockMetadata(
                 num_rows=sum(c.num_samples for c in mine),

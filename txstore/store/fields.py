@@ -177,14 +177,15 @@ def compute_field_file(
     computed = sum(stop - start for start, stop in todo)
     keeps = computed < chunk.num_samples
     read = None if job.inputs is None else job.inputs | (names if keeps else frozenset())
-    fetched = reader.fetch(chunk, version, read)
+    batches = job.batch_size is not None and not keeps  # read a column at a time
+    fetched = reader.fetch(chunk, version, read, columns=batches)
     # Every column stored apart, in pieces of its own (docs/format.md §10).
     builder = ChunkBuilder(
         block_bytes=config.block_bytes,
         compressor=FrameCompressor(config.compression, config.compression_level),
         apart=True,
     )
-    if job.batch_size is not None and not keeps:
+    if batches:
         pieces = _batch_columns(reader, fetched, chunk, fn, job, first)
         if len({piece.names for piece in pieces}) == 1:
             builder.add_apart(columnar.ColumnBatch.concat(pieces))
@@ -273,7 +274,7 @@ def _batch_columns(
     parts = [(layout, buf, keep) for _, layout, buf, keep in fetched.parts]
     row_starts([layout for layout, _, _ in parts])  # CorruptError unless aligned
     checked = tuple(src.path in fetched.verified for src, _, _, _ in fetched.parts)
-    found = decode_columns(parts, reader.decoder, checked) if parts else {}
+    found = decode_columns(parts, reader.decoder, checked, fetched.pieces) if parts else {}
     names = sorted(job.inputs) if job.inputs is not None else list(found)
     columns = [found.get(name) or [None] * n for name in names]
     for start in range(0, n, size):

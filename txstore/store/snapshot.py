@@ -41,8 +41,10 @@ from ..format.frames import (
     decode_value,
     decode_values,
     frame_presence,
+    opened_frame,
     row_starts,
     select_frames,
+    value_in,
 )
 from ..format.manifest import ChunkFile, ChunkRef, Manifest, chunk_files
 from ..format.values import ABSENT, ValueDecoder
@@ -61,6 +63,9 @@ logger = logging.getLogger(__name__)
 
 Sample = dict[str, Any]
 _LAYOUT_CACHE = 1024
+#: The opened pieces of columns stored apart a reader keeps for its next samples (small
+#: columns: 32 MiB holds the int ids of about 3.5 million samples).
+_PIECE_CACHE_BYTES = 32 << 20
 
 #: Runs [start, stop) of samples, in order.
 Runs = list[tuple[int, int]]
@@ -175,6 +180,9 @@ class Fetched:
 
     parts: list[tuple[ChunkFile, ChunkLayout, FileBytes, frozenset[str] | None]]
     verified: frozenset[str] = frozenset()
+    #: Whether the pieces of every column stored apart were read (a whole file, or a fetch
+    #: for a reader of columns), not only of those the blocks do not hold too.
+    pieces: bool = False
 
     @classmethod
     def of_ranges(
@@ -197,6 +205,8 @@ class ChunkReader:
         self.storage = storage
         self.decoder = ValueDecoder()
         self._layouts: OrderedDict[str, ChunkLayout] = OrderedDict()
+        self._pieces: OrderedDict[tuple[str, int, int], bytes] = OrderedDict()
+        self._piece_bytes = 0
         self._lock = threading.Lock()
         # Each chunk's files, by the id of its reference, which the entry keeps alive (so
         # that its id is not reused): a random reader's sample no longer builds them anew.
@@ -300,22 +310,47 @@ class ChunkReader:
                         value = decode_value(buf, start, frame, n, i, self.decoder, layout, views)
                         if value is not ABSENT:
                             out[names[frame.column]] = value
-            apart = layout.apart_of(keep)
+            apart = layout.apart_only(keep)
             if not apart:
                 continue
             # Each in its place among the block's columns (docs/format.md §7.6).
             got = {name: out.pop(name) for name in names if name in out}
             for name, found in apart:
                 piece, i = found.locate(index)
-                frame = found.frames[piece]
-                buf = self._block_bytes(src, version, piece, (frame,), f"piece of {name!r}")
+                raw = self._piece(src, layout, found, piece, version)
                 n = found.size(piece)
-                value = decode_value(buf, frame.offset, frame, n, i, self.decoder, layout, views)
+                frame = found.frames[piece]
+                value = value_in(raw, frame, n, i, self.decoder, layout, views)
                 if value is not ABSENT:
                     got[name] = value
             rank = layout.rank
             out.update((name, got[name]) for name in sorted(got, key=rank.__getitem__))
         return out
+
+    def _piece(
+        self, src: ChunkFile, layout: ChunkLayout, found: Apart, piece: int, version: int
+    ) -> bytes:
+        """A piece of a column stored apart, opened (checked, decompressed): kept for the next
+        samples read from it (a random reader reads the same few pieces of a chunk again and
+        again), up to ``_PIECE_CACHE_BYTES`` of them."""
+        key = (src.path, found.column, piece)
+        pieces = self._pieces
+        with self._lock:
+            raw = pieces.get(key)
+            if raw is not None:
+                pieces.move_to_end(key)
+                return raw
+        frame = found.frames[piece]
+        buf = self._block_bytes(src, version, piece, (frame,), "piece of a column stored apart")
+        raw = opened_frame(buf, frame.offset, frame, layout)
+        with self._lock:
+            if key not in pieces:
+                pieces[key] = raw
+                self._piece_bytes += len(raw)
+                while self._piece_bytes > _PIECE_CACHE_BYTES:
+                    _, old = pieces.popitem(last=False)
+                    self._piece_bytes -= len(old)
+        return raw
 
     def _block_bytes(
         self, src: ChunkFile, version: int, block: int, frames: Sequence[FrameIndex], why: str
@@ -354,7 +389,7 @@ class ChunkReader:
                 groups: list[tuple[list[int], Callable[[int], Sequence[FrameIndex]]]] = []
                 if layout.has_blocks:
                     groups.append((layout.block_starts, partial(_block_frames, layout, keep)))
-                for _, found in layout.apart_of(keep):
+                for _, found in layout.apart_only(keep):
                     groups.append((found.starts, partial(_piece_frame, found)))
                 for starts, frames_of in groups:
                     # Runs of picks in one part (sorted by index): [first, last) of ``ks``.
@@ -412,7 +447,7 @@ class ChunkReader:
         low, high = layout.block_starts[first], layout.block_starts[last + 1]
         pieces = [
             (frame.offset, frame.offset + frame.length)
-            for _, found in layout.apart_of(None)
+            for _, found in layout.apart_only(None)
             for frame in (found.frames[k] for k in found.covering(low, high))
         ]
         return layout, ranges, pieces
@@ -459,20 +494,31 @@ class ChunkReader:
         return data, self._parse(src, tail, where, version, lazy=False), verified
 
     def _read_frames(
-        self, src: ChunkFile, layout: ChunkLayout, keep: frozenset[str], version: int
+        self,
+        src: ChunkFile,
+        layout: ChunkLayout,
+        keep: frozenset[str],
+        version: int,
+        columns: bool,
     ) -> Ranges:
+        """The frames of the columns ``keep``: for a reader of samples, the blocks' and the
+        pieces of the columns stored apart alone; for a reader of ``columns``, the pieces of
+        every column stored apart and the blocks' frames of the others."""
         names = layout.columns
+        if columns:
+            apart = layout.apart_of(keep)
+            blocks = layout.blocks_of(keep)
+        else:
+            apart = layout.apart_only(keep)
+            blocks = layout.footer.blocks
+        skip = {found.column for _, found in apart}
         spans = [
             (f.offset, f.offset + f.length)
-            for block in layout.blocks_of(keep)
+            for block in blocks
             for f in block.frames
-            if names[f.column] in keep
+            if names[f.column] in keep and f.column not in skip
         ]
-        spans += [
-            (f.offset, f.offset + f.length)
-            for _, found in layout.apart_of(keep)
-            for f in found.frames
-        ]
+        spans += [(f.offset, f.offset + f.length) for _, found in apart for f in found.frames]
         return self._read_spans(src, spans, version, f"frames of {sorted(keep)}")
 
     def _read_spans(
@@ -514,7 +560,7 @@ class ChunkReader:
                 (layout.block_starts[number], block.num_samples, frame)
                 for number, block in enumerate(layout.blocks_of(fields, src.hidden))
                 for frame in block.frames
-                if frame.column in visible
+                if frame.column in visible and frame.column not in layout.apart
             ]
             spans += [
                 (found.starts[piece], found.size(piece), frame)
@@ -545,11 +591,14 @@ class ChunkReader:
         fields: frozenset[str] | None,
         digest: bool = True,
         mapped: dict[str, bytes | memoryview] | None = None,
+        columns: bool = False,
     ) -> Fetched:
         """Read what the samples of ``chunk`` need for ``fields``: whole files, or only the
-        frames of the fields asked for when that is a part of a file. Whole files are checked
-        against their digest, unless ``digest`` is False (see ``read_whole``); ``mapped``
-        holds those already read (``map_whole``)."""
+        frames of the fields asked for when that is a part of a file (``columns``: for a
+        reader of columns, ``table`` or ``decode_columns``, which reads the columns stored
+        apart from their pieces). Whole files are checked against their digest, unless
+        ``digest`` is False (see ``read_whole``); ``mapped`` holds those already read
+        (``map_whole``)."""
         parts: list[tuple[ChunkFile, ChunkLayout, FileBytes, frozenset[str] | None]] = []
         verified: set[str] = set()
         for src in chunk_files(chunk):
@@ -563,8 +612,10 @@ class ChunkReader:
             layout = self.layout(src, version, lazy=True)
             keep = self.keep(src, layout, fields)
             if keep:
-                parts.append((src, layout, self._read_frames(src, layout, keep, version), keep))
-        return Fetched(parts, frozenset(verified))
+                found = self._read_frames(src, layout, keep, version, columns)
+                parts.append((src, layout, found, keep))
+        whole = all(not isinstance(buf, Ranges) for _, _, buf, _ in parts)
+        return Fetched(parts, frozenset(verified), columns or whole)
 
     def samples(
         self,
@@ -602,7 +653,7 @@ class ChunkReader:
         block_starts = row_starts([layout for _, layout, _, _ in fetched.parts])
         parts = [(layout, buf, keep) for _, layout, buf, keep in fetched.parts]
         checked = tuple(src.path in fetched.verified for src, _, _, _ in fetched.parts)
-        return arrow.chunk_table(parts, block_starts, self.decoder, checked)
+        return arrow.chunk_table(parts, block_starts, self.decoder, checked, fetched.pieces)
 
 
 def _block_frames(
@@ -944,11 +995,12 @@ class Snapshot(Sequence[Sample]):
         if not refs:
             return
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="txstore-read") as pool:
-            ahead: Future[Fetched] = pool.submit(reader.fetch, refs[0], version, wanted)
+            fetch = partial(reader.fetch, version=version, fields=wanted, columns=True)
+            ahead: Future[Fetched] = pool.submit(fetch, refs[0])
             for i, chunk in enumerate(refs):
                 fetched = ahead.result()
                 if i + 1 < len(refs):
-                    ahead = pool.submit(reader.fetch, refs[i + 1], version, wanted)
+                    ahead = pool.submit(fetch, refs[i + 1])
                 yield reader.table(fetched, chunk)
 
     def _chosen_chunks(self, numbers: Iterable[int] | None) -> list[ChunkRef]:

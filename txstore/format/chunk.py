@@ -155,6 +155,7 @@ class ChunkLayout:
         "_head",
         "_high",
         "_packed",
+        "alone",
         "apart",
         "block_starts",
         "check",
@@ -220,6 +221,8 @@ class ChunkLayout:
         """The lookups, and the footer's totals checked (``CorruptError``)."""
         self.where = where
         self.apart = apart
+        # The columns stored apart alone: what a reader of samples reads from pieces.
+        self.alone = {column: found for column, found in apart.items() if not found.copy}
         self.major, self.minor = footer.major, footer.minor
         self.check = FRAME_CHECKSUMS[footer.major]
         self.columns = footer.columns
@@ -368,6 +371,8 @@ class ChunkLayout:
     def apart_only(self, keep: frozenset[str] | None) -> list[tuple[str, Apart]]:
         """``apart_of`` less the columns the blocks hold too: what a reader of samples reads
         from pieces (the others it finds in the blocks, with the rest of each sample)."""
+        if not self.alone:
+            return []
         return [(name, found) for name, found in self.apart_of(keep) if not found.copy]
 
 

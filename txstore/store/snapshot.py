@@ -310,7 +310,7 @@ class ChunkReader:
                         value = decode_value(buf, start, frame, n, i, self.decoder, layout, views)
                         if value is not ABSENT:
                             out[names[frame.column]] = value
-            apart = layout.apart_only(keep)
+            apart = layout.apart_only(keep) if layout.alone else None
             if not apart:
                 continue
             # Each in its place among the block's columns (docs/format.md §7.6).

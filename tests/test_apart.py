@@ -281,3 +281,22 @@ def test_pieces_hold_at_most_4096_values_and_about_block_bytes() -> None:
 
 def builder_footer(data: bytes) -> int:
     return len(data) - 16 - struct.unpack_from("<I", data, len(data) - 16)[0]
+
+
+def test_numbers_of_one_width_but_two_types_read_back_exactly(tmp_path: Path) -> None:
+    """Ints of one encoded size but two MessagePack types (uint 32 and int 32: the dict path
+    picks one per value), floats and uint64s past int64, read a column at a time into Arrow:
+    the fast path for numbers of one width must notice the two types and leave them to the
+    general one."""
+    store = txstore.create(str(tmp_path / "s"))
+    samples = [
+        {"v": 70000 if i % 2 else -70000, "f": i / 4, "u": 2**64 - 1 - i, "b": bytes(3000)}
+        for i in range(5000)
+    ]
+    store.append(samples)
+    ((_, layout),) = _layouts(store)
+    assert _apart_names(layout) == {"v", "f", "u"}
+    table = store.snapshot().to_arrow(fields=["v", "f", "u"])
+    assert table.column("v").to_pylist() == [s["v"] for s in samples]
+    assert table.column("f").to_pylist() == [s["f"] for s in samples]
+    assert table.column("u").to_pylist() == [s["u"] for s in samples]

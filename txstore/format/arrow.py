@@ -599,7 +599,7 @@ def _numbers_array(
     stride of 2 to 9): numpy copies narrow rows of a 2-d array a byte at a time."""
     record = np.dtype([("head", np.uint8, (len(head),)), ("value", number)])
     views = [np.ascontiguousarray(rows).reshape(-1).view(record) for rows in blocks]
-    if not all((view["head"] == head).all() for view in views):
+    if not (np.concatenate([view["head"] for view in views]) == head).all():
         return None
     got = np.concatenate([view["value"] for view in views])
     if number.kind == "f":

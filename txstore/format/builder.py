@@ -533,26 +533,13 @@ class ChunkBuilder:
                 break
         return start
 
-    def add_columns(
-        self, batch: ColumnBatch, start: int, position: int, limit: int, *, one_block: bool = False
-    ) -> int:
+    def add_columns(self, batch: ColumnBatch, start: int, position: int, limit: int) -> int:
         """Add rows ``start:`` of a batch of columns, in blocks of their own (an open block of
         samples is sealed first), until ``size`` reaches ``limit`` or the batch ends; return
         how many were added. Blocks close where a block of samples would: once their
-        encoded size reaches ``block_bytes``, or at 4096 samples. ``one_block``: all the
-        rows (at most 4096) in one block, for a field file copying its chunk's blocks."""
+        encoded size reaches ``block_bytes``, or at 4096 samples."""
         self._seal_block()
-        ends = batch.row_ends
         n, i = batch.num_rows, start
-        if one_block:
-            if n > start:
-                if int(ends[n] - ends[start]) > _CHECK_BLOCK_AT and n - start > 1:
-                    raise EncodeError(
-                        f"samples {position}..{position + n - 1}: the values of one block "
-                        "would pass 4 GiB (a frame's offsets are 32-bit)"
-                    )
-                self._add_blocks(batch, [start, n])
-            return n - start
         while i < n:
             bounds = self._plan(batch, i, limit)
             self._add_blocks(batch, bounds)
@@ -586,28 +573,6 @@ class ChunkBuilder:
             if room < cap or size >= limit:
                 break
         return bounds
-
-    def add_column_blocks(self, batch: ColumnBatch, ends: Sequence[int], position: int) -> None:
-        """Add every row of a batch of columns in blocks that end at ``ends`` (the block
-        boundaries of a chunk, for a field file that copies them; the last is ``num_rows``).
-        An open block of samples is sealed first."""
-        self._seal_block()
-        if not ends or ends[-1] != batch.num_rows:
-            raise ValueError(f"block ends {ends[-1:]} do not end at {batch.num_rows} rows")
-        spans = np.asarray([0, *ends], dtype=np.int64)
-        if np.any(np.diff(spans) < 1) or np.any(np.diff(spans) > MAX_BLOCK_SAMPLES):
-            raise ValueError(f"blocks hold 1 to {MAX_BLOCK_SAMPLES} rows each")
-        row_ends = batch.row_ends
-        too_big = np.diff(row_ends[spans]) > _CHECK_BLOCK_AT
-        if np.any(too_big & (np.diff(spans) > 1)):
-            k = int(np.argmax(too_big))
-            raise EncodeError(
-                f"samples {position + int(spans[k])}..{position + int(spans[k + 1]) - 1}: the "
-                "values of one block would pass 4 GiB (a frame's offsets are 32-bit)"
-            )
-        for name in batch.names:
-            self._columns.setdefault(name, len(self._columns))
-        self._add_blocks(batch, spans.tolist())
 
     def add_apart(self, batch: ColumnBatch) -> None:
         """Add every row of a batch of columns to a builder made with ``apart``: each column

@@ -40,6 +40,7 @@ import pyarrow.compute
 from ..errors import CorruptError, EncodeError, TxstoreError
 from . import columnar as col
 from .chunk import FLAG_SPARSE
+from .codec import open_frame
 from .columnar import ColumnBatch, Encoded
 from .values import ABSENT, MAX_DEPTH, ValueEncoder
 
@@ -861,7 +862,6 @@ def chunk_table(
     sample without a field has a null there. A column stored apart is read from its pieces
     (``pieces`` false: only one the blocks do not hold too, as a fetch for samples reads
     them)."""
-    from .codec import open_frame
     from .frames import Ranges
 
     num_blocks = len(block_starts) - 1
@@ -886,17 +886,7 @@ def chunk_table(
                 part_shown.setdefault(name)
                 if name in done:
                     continue
-                offset, length = frame.offset, frame.length
-                stored = (
-                    whole[offset : offset + length]
-                    if whole is not None
-                    else buf.view(offset, length)
-                )
-                if len(stored) != length:
-                    raise CorruptError(f"{layout.where}: truncated frame at offset {offset}")
-                raw = open_frame(
-                    stored, frame.codec, frame.raw_length, frame.checksum, check, layout.where
-                )
+                raw = _opened(layout, whole, buf, frame, check)
                 slots = columns.get(name)
                 if slots is None:
                     slots = columns[name] = [
@@ -909,20 +899,14 @@ def chunk_table(
             part_shown.setdefault(name)
             if name in done:
                 continue
-            slots = columns[name] = []
-            for piece, frame in enumerate(found.frames):
-                offset, length = frame.offset, frame.length
-                stored = (
-                    whole[offset : offset + length]
-                    if whole is not None
-                    else buf.view(offset, length)
+            columns[name] = [
+                (
+                    found.size(piece),
+                    _opened(layout, whole, buf, frame, check),
+                    bool(frame.flags & FLAG_SPARSE),
                 )
-                if len(stored) != length:
-                    raise CorruptError(f"{layout.where}: truncated frame at offset {offset}")
-                raw = open_frame(
-                    stored, frame.codec, frame.raw_length, frame.checksum, check, layout.where
-                )
-                slots.append((found.size(piece), raw, bool(frame.flags & FLAG_SPARSE)))
+                for piece, frame in enumerate(found.frames)
+            ]
         if apart:  # each in its place among the block's columns (docs/format.md §7.6)
             part_shown = dict.fromkeys(sorted(part_shown, key=layout.rank.__getitem__))
         for name in part_shown:
@@ -938,6 +922,16 @@ def chunk_table(
     if not names_out:
         return empty_table(block_starts[-1])
     return pa.Table.from_arrays(arrays, names=names_out)
+
+
+def _opened(layout: Any, whole: memoryview | None, buf: Any, frame: Any, check: Any) -> memoryview:
+    """A frame's raw bytes, from the whole file or the ranges read of it, checked with
+    ``check`` (None: its file's digest was) and decompressed."""
+    offset, length = frame.offset, frame.length
+    stored = whole[offset : offset + length] if whole is not None else buf.view(offset, length)
+    if len(stored) != length:
+        raise CorruptError(f"{layout.where}: truncated frame at offset {offset}")
+    return open_frame(stored, frame.codec, frame.raw_length, frame.checksum, check, layout.where)
 
 
 def _whole_columns(

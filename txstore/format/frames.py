@@ -162,31 +162,20 @@ def decode_value(
     decoder: ValueDecoder,
     layout: ChunkLayout,
     views: bool = False,
+    opened: bool = False,
 ) -> Any:
-    """Value ``i`` of one frame, decoding only that value."""
-    raw = _frame_raw(buf, base, frame, layout)
+    """Value ``i`` of one frame, decoding only that value. ``opened``: ``buf`` is the frame's
+    raw bytes already (``opened_frame``), checked and decompressed."""
+    raw = memoryview(buf) if opened else _frame_raw(buf, base, frame, layout)  # type: ignore[arg-type]
     return _value_at(raw, len(raw) - 4 * n, n, i, frame, decoder, layout, views)
 
 
 def opened_frame(buf: FileBytes, base: int, frame: FrameIndex, layout: ChunkLayout) -> bytes:
     """A frame's raw bytes, checked and decompressed, as bytes of their own (a copy for a
-    frame stored raw: never a view of the file), for a reader that keeps them."""
+    frame stored raw: never a view of the file), for a reader that keeps them
+    (``decode_value(..., opened=True)``)."""
     raw = _frame_raw(buf, base, frame, layout)
     return raw.obj if isinstance(raw.obj, bytes) and len(raw) == len(raw.obj) else bytes(raw)
-
-
-def value_in(
-    raw: bytes | memoryview,
-    frame: FrameIndex,
-    n: int,
-    i: int,
-    decoder: ValueDecoder,
-    layout: ChunkLayout,
-    views: bool = False,
-) -> Any:
-    """Value ``i`` of a frame of ``n`` values already opened (``opened_frame``)."""
-    view = memoryview(raw)
-    return _value_at(view, len(view) - 4 * n, n, i, frame, decoder, layout, views)
 
 
 def decode_values(

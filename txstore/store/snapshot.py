@@ -44,7 +44,6 @@ from ..format.frames import (
     opened_frame,
     row_starts,
     select_frames,
-    value_in,
 )
 from ..format.manifest import ChunkFile, ChunkRef, Manifest, chunk_files
 from ..format.values import ABSENT, ValueDecoder
@@ -320,7 +319,7 @@ class ChunkReader:
                 raw = self._piece(src, layout, found, piece, version)
                 n = found.size(piece)
                 frame = found.frames[piece]
-                value = value_in(raw, frame, n, i, self.decoder, layout, views)
+                value = decode_value(raw, 0, frame, n, i, self.decoder, layout, views, True)
                 if value is not ABSENT:
                     got[name] = value
             rank = layout.rank

@@ -300,3 +300,27 @@ def test_numbers_of_one_width_but_two_types_read_back_exactly(tmp_path: Path) ->
     assert table.column("v").to_pylist() == [s["v"] for s in samples]
     assert table.column("f").to_pylist() == [s["f"] for s in samples]
     assert table.column("u").to_pylist() == [s["u"] for s in samples]
+
+
+def test_a_copy_that_differs_from_its_blocks_is_found_by_a_deep_check() -> None:
+    """A footer whose copy of `a` points at the pieces of `b` (checksums all valid): readers
+    of samples and of the column would read different values; the deep check says which
+    column, and from which sample."""
+    from txstore.format.frames import check_copies, check_offset_tables
+
+    builder = ChunkBuilder(block_bytes=65536, compressor=FrameCompressor(None, 3))
+    for i in range(5000):
+        builder.add({"a": i, "b": i if i < 100 else -i, "blob": bytes(2000)}, i)
+    data = b"".join(builder.finish())
+    body, footer = _footer(data)
+    by_name = {footer[3][c]: (c, pieces) for c, pieces, _ in footer[5]}
+    check_copies(data, parse_footer(data[len(body) :], "test", len(body)))  # as written: fine
+    (a, _), (_, b_pieces) = by_name["a"], by_name["b"]
+    forged = [[a, [[n, [a, *frame[1:]]] for n, frame in b_pieces], True]] + [
+        item for item in footer[5] if item[0] != a
+    ]
+    bad = _resealed(body, [*footer[:5], forged])
+    layout = parse_footer(bad[len(body) :], "test", len(body))
+    check_offset_tables(bad, layout)  # every frame well formed: only the copy is wrong
+    with pytest.raises(txstore.CorruptError, match=r"column 'a' stored apart differs .* 100"):
+        check_copies(bad, layout)

@@ -108,6 +108,41 @@ def check_offset_tables(data: bytes | memoryview, layout: ChunkLayout) -> None:
             )
 
 
+def check_copies(data: bytes | memoryview, layout: ChunkLayout) -> None:
+    """Every column stored apart as a copy (docs/format.md §7.6) holds, piece by piece, the
+    same encoded values as the blocks (ABSENT where a block lacks the column): a reader of
+    samples and a reader of that column must read the same file. CorruptError naming the
+    column; the frames' offset tables are checked first (``check_offset_tables``)."""
+    for column, found in layout.apart.items():
+        if not found.copy:
+            continue
+        in_pieces: list[bytes] = []
+        for piece, frame in enumerate(found.frames):
+            in_pieces += _raw_values(_frame_raw(data, 0, frame, layout), found.size(piece))
+        in_blocks: list[bytes] = []
+        for block in layout.footer.blocks:
+            n = block.num_samples
+            held = next((f for f in block.frames if f.column == column), None)
+            if held is None:
+                in_blocks += [ABSENT_BYTES] * n
+            else:
+                in_blocks += _raw_values(_frame_raw(data, 0, held, layout), n)
+        if in_pieces != in_blocks:
+            pairs = zip(in_pieces, in_blocks, strict=True)  # both cover the chunk
+            k = next(k for k, (a, b) in enumerate(pairs) if a != b)
+            raise CorruptError(
+                f"{layout.where}: column {layout.columns[column]!r} stored apart differs from "
+                f"its blocks at sample {k}"
+            )
+
+
+def _raw_values(raw: memoryview, n: int) -> list[bytes]:
+    """The encoded values of a frame of ``n``, by its offset table."""
+    table = len(raw) - 4 * n
+    starts = [*struct.unpack_from(f"<{n}I", raw, table), table]
+    return [bytes(raw[starts[k] : starts[k + 1]]) for k in range(n)]
+
+
 class Ranges:
     """Some byte ranges of a file, read for a projection: enough to decode the frames asked for."""
 

@@ -21,7 +21,7 @@ from ..errors import CorruptError, NotFoundError, StoreNotFoundError, TxstoreErr
 from ..format import manifest as fmt
 from ..format.chunk import check_file, parse_footer
 from ..format.codec import crc32
-from ..format.frames import check_offset_tables
+from ..format.frames import check_copies, check_offset_tables
 from ..format.manifest import ChunkFile, LeaseRecord, Retention, Tag, TxnMarker, chunk_files
 from ..storage import FileInfo, Storage
 from ..txn import VersionLog, manifest_key, txn_marker_key
@@ -106,6 +106,7 @@ def _check_contents(storage: Storage, f: ChunkFile, size: int, tables: bool) -> 
         )
         if tables:
             check_offset_tables(data, layout)
+            check_copies(data, layout)
     except CorruptError as e:
         return str(e).removeprefix("the file ")
     return ""

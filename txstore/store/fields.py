@@ -1,7 +1,7 @@
 """Add fields to existing samples, or drop them, as new versions without rewriting chunks.
 
 ``add_fields`` computes the new values chunk by chunk and writes them to *field files* laid out
-like chunks and aligned with their blocks (docs/format.md §10); the new version's chunk
+like chunks, each column in pieces of its own (docs/format.md §10); the new version's chunk
 references name them next to the untouched chunk files. It reads only the fields ``fn`` needs
 (``inputs``), and with ``missing_only`` computes only the samples that lack the fields: chunks
 whose samples all have them are left as they are, and in a chunk where some do their values are

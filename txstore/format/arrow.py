@@ -40,7 +40,6 @@ import pyarrow.compute
 from ..errors import CorruptError, EncodeError, TxstoreError
 from . import columnar as col
 from .chunk import FLAG_SPARSE
-from .codec import open_frame
 from .columnar import ColumnBatch, Encoded
 from .values import ABSENT, MAX_DEPTH, ValueEncoder
 
@@ -862,7 +861,7 @@ def chunk_table(
     sample without a field has a null there. A column stored apart is read from its pieces
     (``pieces`` false: only one the blocks do not hold too, as a fetch for samples reads
     them)."""
-    from .frames import Ranges
+    from .frames import Ranges, frame_raw
 
     num_blocks = len(block_starts) - 1
     columns: dict[str, list[tuple[int, memoryview | None, bool]]] = {}
@@ -886,7 +885,7 @@ def chunk_table(
                 part_shown.setdefault(name)
                 if name in done:
                     continue
-                raw = _opened(layout, whole, buf, frame, check)
+                raw = frame_raw(buf if whole is None else whole, 0, frame, layout, check)
                 slots = columns.get(name)
                 if slots is None:
                     slots = columns[name] = [
@@ -902,7 +901,7 @@ def chunk_table(
             columns[name] = [
                 (
                     found.size(piece),
-                    _opened(layout, whole, buf, frame, check),
+                    frame_raw(buf if whole is None else whole, 0, frame, layout, check),
                     bool(frame.flags & FLAG_SPARSE),
                 )
                 for piece, frame in enumerate(found.frames)
@@ -922,16 +921,6 @@ def chunk_table(
     if not names_out:
         return empty_table(block_starts[-1])
     return pa.Table.from_arrays(arrays, names=names_out)
-
-
-def _opened(layout: Any, whole: memoryview | None, buf: Any, frame: Any, check: Any) -> memoryview:
-    """A frame's raw bytes, from the whole file or the ranges read of it, checked with
-    ``check`` (None: its file's digest was) and decompressed."""
-    offset, length = frame.offset, frame.length
-    stored = whole[offset : offset + length] if whole is not None else buf.view(offset, length)
-    if len(stored) != length:
-        raise CorruptError(f"{layout.where}: truncated frame at offset {offset}")
-    return open_frame(stored, frame.codec, frame.raw_length, frame.checksum, check, layout.where)
 
 
 def _whole_columns(

@@ -597,12 +597,9 @@ class ChunkBuilder:
                 },
                 n,
             )
-        in_blocks = [
-            (name, column)
-            for name, column in zip(batch.names, batch.columns, strict=True)
-            if not self._apart_all
-        ]
-        for name, column in zip(batch.names, batch.columns, strict=True):
+        pairs = list(zip(batch.names, batch.columns, strict=True))
+        in_blocks = [] if self._apart_all else pairs  # copies stay in the blocks too
+        for name, column in pairs:
             if self._is_apart(name):
                 self._pend(name, column, first, last, False)
         self._pad_pending(batch.names, last - first)
@@ -654,10 +651,9 @@ class ChunkBuilder:
 
     def _pad_pending(self, shown: Sequence[str], n: int) -> None:
         """The columns stored apart that ``n`` new samples lack (not in ``shown``): ABSENT."""
-        if len(self._pending) > len(shown) or not set(self._pending) <= set(shown):
-            lacking = [name for name in self._pending if name not in shown]
-            for name in lacking:
-                self._pending[name].add_values([ABSENT_BYTES * n], [len(ABSENT_BYTES)] * n, True)
+        for name, found in self._pending.items():
+            if name not in shown:
+                found.add_values([ABSENT_BYTES * n], [len(ABSENT_BYTES)] * n, True)
 
     def _seal_all_pieces(self, final: bool) -> None:
         for name, found in self._pending.items():

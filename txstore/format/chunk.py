@@ -174,7 +174,7 @@ class ChunkLayout:
         self._packed: tuple[bytes, Any] | None = None  # frames, their ends (numpy int64)
         self._frames: list[tuple[FrameIndex, ...] | None] = []
         self._footer: ChunkFooter | None = footer
-        why = _check_frames(footer, self._high, self.apart)
+        why = _check_frames(footer, self._high, self.alone)
         if why:
             raise CorruptError(f"{where}: bad chunk footer: {why}")
 
@@ -256,7 +256,7 @@ class ChunkLayout:
                 footer = ChunkFooter(
                     self.major, self.minor, self.num_samples, self.columns, self._packed_blocks()
                 )
-            why = _check_frames(footer, self._high, self.apart)
+            why = _check_frames(footer, self._high, self.alone)
             if why:
                 raise CorruptError(f"{self.where}: bad chunk footer: {why}")
             # The lazy state stays: another thread may be decoding a block from it right now
@@ -318,7 +318,7 @@ class ChunkLayout:
                 self.block_samples(number),
                 len(self.columns),
                 self._high,
-                self.apart,
+                self.alone,
             )
             if why:
                 raise CorruptError(f"{self.where}: bad chunk footer: {why}")
@@ -361,19 +361,55 @@ class ChunkLayout:
     def apart_of(self, keep: frozenset[str] | None) -> list[tuple[str, Apart]]:
         """The columns stored apart among ``keep`` (None: all), with their names: where a
         reader of columns reads them."""
-        names = self.columns
-        return [
-            (names[column], found)
-            for column, found in self.apart.items()
-            if keep is None or names[column] in keep
-        ]
+        return self._named(self.apart, keep)
 
     def apart_only(self, keep: frozenset[str] | None) -> list[tuple[str, Apart]]:
         """``apart_of`` less the columns the blocks hold too: what a reader of samples reads
         from pieces (the others it finds in the blocks, with the rest of each sample)."""
-        if not self.alone:
-            return []
-        return [(name, found) for name, found in self.apart_of(keep) if not found.copy]
+        return self._named(self.alone, keep) if self.alone else []
+
+    def _named(
+        self, found: dict[int, Apart], keep: frozenset[str] | None
+    ) -> list[tuple[str, Apart]]:
+        names = self.columns
+        return [
+            (names[column], one)
+            for column, one in found.items()
+            if keep is None or names[column] in keep
+        ]
+
+    def spans(
+        self,
+        keep: frozenset[str] | None,
+        *,
+        pieces: bool,
+        hidden: frozenset[str] = frozenset(),
+    ) -> list[tuple[int, int, FrameIndex]]:
+        """Each frame a reader of the columns ``keep`` (None: all) not in ``hidden`` reads, with
+        the samples it holds (the first, how many). ``pieces``, a reader of columns: the
+        pieces of every column stored apart, and the blocks' frames of the others (the
+        blocks' frames are decoded only if it needs some); else, a reader of samples: the
+        blocks' frames and the pieces of the columns stored apart alone."""
+        names, apart = self.columns, self.apart if pieces else self.alone
+
+        def wanted(column: int) -> bool:
+            name = names[column]
+            return (keep is None or name in keep) and name not in hidden
+
+        blocks = self.blocks_of(keep, hidden) if pieces else self.footer.blocks
+        out = [
+            (self.block_starts[number], block.num_samples, frame)
+            for number, block in enumerate(blocks)
+            for frame in block.frames
+            if frame.column not in apart and wanted(frame.column)
+        ]
+        out += [
+            (one.starts[piece], one.size(piece), frame)
+            for column, one in apart.items()
+            if wanted(column)
+            for piece, frame in enumerate(one.frames)
+        ]
+        return out
 
 
 class Apart:
@@ -593,14 +629,14 @@ def _check_major(major: int, minor: int, where: str) -> None:
         raise CorruptError(f"{where}: bad chunk format version {major}")
 
 
-def _check_frames(footer: ChunkFooter, high: int, apart: dict[int, Apart]) -> str:
+def _check_frames(footer: ChunkFooter, high: int, alone: dict[int, Apart]) -> str:
     """What makes the frames of a footer (its checksum valid) describe values no reader could
     decode, or "": checked before any of them is decoded, so that the decoding loop can trust
     them. A 64 MiB chunk has thousands of frames: one loop over them costs half the time of
     decoding the footer."""
     width = len(footer.columns)
     for number, block in enumerate(footer.blocks):
-        why = _check_block(block.frames, number, block.num_samples, width, high, apart)
+        why = _check_block(block.frames, number, block.num_samples, width, high, alone)
         if why:
             return why
     return ""
@@ -612,9 +648,10 @@ def _check_block(
     num_samples: int,
     width: int,
     high: int,
-    apart: dict[int, Apart],
+    alone: dict[int, Apart],
 ) -> str:
-    """``_check_frames`` for the frames of one block."""
+    """``_check_frames`` for the frames of one block (``alone``: the columns stored apart
+    alone, of which no block may have a frame)."""
     low = HEADER.size
     need = 4 * num_samples + 1  # the raw bytes end with a u32 offset per value, after at
     # least an array header
@@ -635,7 +672,7 @@ def _check_block(
         at = end
     if len(frames) > 1 and len({f.column for f in frames}) != len(frames):
         return "a block has two frames of one column"
-    if apart and any(f.column in apart and not apart[f.column].copy for f in frames):
+    if alone and any(f.column in alone for f in frames):
         return f"block {number} has a frame of a column stored apart alone"
     return gap
 

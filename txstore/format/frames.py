@@ -100,7 +100,7 @@ def check_offset_tables(data: bytes | memoryview, layout: ChunkLayout) -> None:
         for piece, f in enumerate(found.frames)
     ]
     for n, frame in frames:
-        raw = _frame_raw(data, 0, frame, layout)
+        raw = frame_raw(data, 0, frame, layout)
         why = offset_table_error(raw, n)
         if why:
             raise CorruptError(
@@ -118,7 +118,7 @@ def check_copies(data: bytes | memoryview, layout: ChunkLayout) -> None:
             continue
         in_pieces: list[bytes] = []
         for piece, frame in enumerate(found.frames):
-            in_pieces += _raw_values(_frame_raw(data, 0, frame, layout), found.size(piece))
+            in_pieces += _raw_values(frame_raw(data, 0, frame, layout), found.size(piece))
         in_blocks: list[bytes] = []
         for block in layout.footer.blocks:
             n = block.num_samples
@@ -126,7 +126,7 @@ def check_copies(data: bytes | memoryview, layout: ChunkLayout) -> None:
             if held is None:
                 in_blocks += [ABSENT_BYTES] * n
             else:
-                in_blocks += _raw_values(_frame_raw(data, 0, held, layout), n)
+                in_blocks += _raw_values(frame_raw(data, 0, held, layout), n)
         if in_pieces != in_blocks:
             pairs = zip(in_pieces, in_blocks, strict=True)  # both cover the chunk
             k = next(k for k, (a, b) in enumerate(pairs) if a != b)
@@ -175,7 +175,11 @@ def coalesce(spans: list[tuple[int, int]], max_gap: int) -> list[tuple[int, int]
 FileBytes = bytes | memoryview | Ranges
 
 
-def _frame_raw(buf: FileBytes, base: int, frame: FrameIndex, layout: ChunkLayout) -> memoryview:
+def frame_raw(
+    buf: FileBytes, base: int, frame: FrameIndex, layout: ChunkLayout, check: Any = ...
+) -> memoryview:
+    """A frame's raw bytes from ``buf`` (the file from ``base``, or ranges of it), checked with
+    ``check`` (default the layout's; None: its file's digest was) and decompressed."""
     if isinstance(buf, Ranges):
         stored = buf.view(frame.offset, frame.length)
     else:
@@ -183,9 +187,8 @@ def _frame_raw(buf: FileBytes, base: int, frame: FrameIndex, layout: ChunkLayout
         stored = memoryview(buf)[start : start + frame.length]
     if len(stored) != frame.length:
         raise CorruptError(f"{layout.where}: truncated frame at offset {frame.offset}")
-    return open_frame(
-        stored, frame.codec, frame.raw_length, frame.checksum, layout.check, layout.where
-    )
+    check = layout.check if check is ... else check
+    return open_frame(stored, frame.codec, frame.raw_length, frame.checksum, check, layout.where)
 
 
 def decode_value(
@@ -201,7 +204,7 @@ def decode_value(
 ) -> Any:
     """Value ``i`` of one frame, decoding only that value. ``opened``: ``buf`` is the frame's
     raw bytes already (``opened_frame``), checked and decompressed."""
-    raw = memoryview(buf) if opened else _frame_raw(buf, base, frame, layout)  # type: ignore[arg-type]
+    raw = memoryview(buf) if opened else frame_raw(buf, base, frame, layout)  # type: ignore[arg-type]
     return _value_at(raw, len(raw) - 4 * n, n, i, frame, decoder, layout, views)
 
 
@@ -209,7 +212,7 @@ def opened_frame(buf: FileBytes, base: int, frame: FrameIndex, layout: ChunkLayo
     """A frame's raw bytes, checked and decompressed, as bytes of their own (a copy for a
     frame stored raw: never a view of the file), for a reader that keeps them
     (``decode_value(..., opened=True)``)."""
-    raw = _frame_raw(buf, base, frame, layout)
+    raw = frame_raw(buf, base, frame, layout)
     return raw.obj if isinstance(raw.obj, bytes) and len(raw) == len(raw.obj) else bytes(raw)
 
 
@@ -224,7 +227,7 @@ def decode_values(
 ) -> list[Any]:
     """Values ``rows`` of one frame (ABSENT where a sparse frame has none), the frame checked
     and opened once for all of them."""
-    raw = _frame_raw(buf, base, frame, layout)
+    raw = frame_raw(buf, base, frame, layout)
     table = len(raw) - 4 * n
     if len(rows) == 1:
         return [_value_at(raw, table, n, rows[0], frame, decoder, layout, False)]
@@ -275,7 +278,7 @@ def frame_presence(buf: FileBytes, frame: FrameIndex, n: int, layout: ChunkLayou
     no value is decoded. A frame not flagged sparse holds no ABSENT marker."""
     if not frame.flags & FLAG_SPARSE:
         return [True] * n
-    raw = _frame_raw(buf, 0, frame, layout)
+    raw = frame_raw(buf, 0, frame, layout)
     table = len(raw) - 4 * n
     if table < 1:
         raise CorruptError(f"{layout.where}: the frame at {frame.offset} is too short")
@@ -429,23 +432,8 @@ def decode_columns(
     for number, (layout, buf, keep) in enumerate(parts):
         check = None if number < len(checked) and checked[number] else layout.check
         names = layout.columns
-        apart = layout.apart_of(keep) if pieces else layout.apart_only(keep)
-        skip = {found.column for _, found in apart}  # read from their pieces
-        blocks = layout.blocks_of(keep) if pieces else layout.footer.blocks
-        spans = [
-            (names[frame.column], layout.block_starts[block_number], block.num_samples, frame)
-            for block_number, block in enumerate(blocks)
-            for frame in block.frames
-            if frame.column not in skip
-        ]
-        spans += [
-            (name, found.starts[piece], found.size(piece), frame)
-            for name, found in apart
-            for piece, frame in enumerate(found.frames)
-        ]
-        for name, low, n, frame in spans:
-            if keep is not None and name not in keep:
-                continue
+        for low, n, frame in layout.spans(keep, pieces=pieces):
+            name = names[frame.column]
             values = frame_values(buf, frame, n, decoder, layout, check, False)
             if frame.flags & FLAG_SPARSE:
                 values = [None if v is ABSENT else v for v in values]
@@ -467,16 +455,8 @@ def frame_values(
 ) -> list[Any]:
     """Every value of one frame of ``n`` (ABSENT where a sparse frame has none), the frame
     checked with ``check`` (None: not at all, its file's digest was) and opened once."""
-    offset, length = frame.offset, frame.length
-    stored = (
-        buf.view(offset, length)
-        if isinstance(buf, Ranges)
-        else memoryview(buf)[offset : offset + length]
-    )
-    where = layout.where
-    if len(stored) != length:
-        raise CorruptError(f"{where}: truncated frame at offset {offset}")
-    raw = open_frame(stored, frame.codec, frame.raw_length, frame.checksum, check, where)
+    offset, where = frame.offset, layout.where
+    raw = frame_raw(buf, 0, frame, layout, check)
     table = len(raw) - 4 * n
     try:
         if frame.flags & FLAG_SPARSE:

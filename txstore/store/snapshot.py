@@ -309,7 +309,7 @@ class ChunkReader:
                         value = decode_value(buf, start, frame, n, i, self.decoder, layout, views)
                         if value is not ABSENT:
                             out[names[frame.column]] = value
-            apart = layout.apart_only(keep) if layout.alone else None
+            apart = layout.apart_only(keep)
             if not apart:
                 continue
             # Each in its place among the block's columns (docs/format.md §7.6).
@@ -503,21 +503,7 @@ class ChunkReader:
         """The frames of the columns ``keep``: for a reader of samples, the blocks' and the
         pieces of the columns stored apart alone; for a reader of ``columns``, the pieces of
         every column stored apart and the blocks' frames of the others."""
-        names = layout.columns
-        if columns:
-            apart = layout.apart_of(keep)
-            blocks = layout.blocks_of(keep)
-        else:
-            apart = layout.apart_only(keep)
-            blocks = layout.footer.blocks
-        skip = {found.column for _, found in apart}
-        spans = [
-            (f.offset, f.offset + f.length)
-            for block in blocks
-            for f in block.frames
-            if names[f.column] in keep and f.column not in skip
-        ]
-        spans += [(f.offset, f.offset + f.length) for _, found in apart for f in found.frames]
+        spans = [(f.offset, f.offset + f.length) for _, _, f in layout.spans(keep, pieces=columns)]
         return self._read_spans(src, spans, version, f"frames of {sorted(keep)}")
 
     def _read_spans(
@@ -546,27 +532,7 @@ class ChunkReader:
         for src in chunk_files(chunk):
             layout = self.layout(src, version, lazy=True)
             names = layout.columns
-            visible = {
-                i
-                for i, name in enumerate(names)
-                if name not in src.hidden and (fields is None or name in fields)
-            }
-            if not visible:
-                continue
-            # Each frame of a visible column with the samples it holds: the blocks', then
-            # the pieces' of the columns stored apart.
-            spans = [
-                (layout.block_starts[number], block.num_samples, frame)
-                for number, block in enumerate(layout.blocks_of(fields, src.hidden))
-                for frame in block.frames
-                if frame.column in visible and frame.column not in layout.apart
-            ]
-            spans += [
-                (found.starts[piece], found.size(piece), frame)
-                for column, found in layout.apart.items()
-                if column in visible
-                for piece, frame in enumerate(found.frames)
-            ]
+            spans = layout.spans(fields, pieces=True, hidden=src.hidden)
             sparse = [
                 (f.offset, f.offset + f.length)
                 for _, _, f in spans

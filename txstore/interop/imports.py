@@ -7,7 +7,7 @@ counting files, and the samples land as ONE commit with ``optimize``'s ``mode`` 
 store; "append"; "overwrite"). A failure commits nothing.
 
 The peers' files are parsed by pure functions (``txstore/format/peer_litdata.py``,
-``peer_mds.py``; Parquet through ``pyarrow.dataset`` in ``format/arrow.py``): neither LitData
+``peer_mds.py``; Parquet through ``pyarrow.dataset`` in ``format/arrow/files.py``): neither LitData
 nor MosaicML Streaming is needed, and nothing is ever unpickled.
 """
 

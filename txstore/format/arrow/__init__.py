@@ -26,11 +26,12 @@ and the type.
 Out: ``chunk_table`` makes a chunk's samples a table (``Snapshot.to_batches``, ``to_arrow``),
 ``column_array`` a column's frames an array, ``py_array`` Python values one.
 
-The modules: ``encode`` (in), ``values`` and ``chunks`` (out), ``tables`` (joining, slicing,
+The modules: ``encode`` (in), ``arrays`` and ``chunks`` (out), ``tables`` (joining, slicing,
 casting), ``files`` (Parquet and Arrow IPC). This package is the one place pyarrow is used
 (the ``arrow`` extra).
 """
 
+from .arrays import column_array, py_array, record_batch
 from .chunks import chunk_table
 from .encode import batches, encode_array, row_batches
 from .files import ipc_rows, ipc_table, parquet_bytes, parquet_row_group, parquet_row_groups
@@ -45,7 +46,6 @@ from .tables import (
     table_of,
     unify,
 )
-from .values import column_array, py_array, record_batch
 
 __all__ = [
     "batches",

@@ -12,8 +12,8 @@ import pyarrow as pa
 from ...errors import CorruptError
 from ..chunk import FLAG_SPARSE
 from ..frames import Ranges, frame_raw
+from .arrays import column_array, msgspec_errors, rows_array
 from .tables import empty_table
-from .values import column_array, msgspec_errors, rows_array
 
 
 def chunk_table(

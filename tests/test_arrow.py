@@ -490,6 +490,54 @@ def test_values_of_one_size_read_back_across_frames_at_uneven_distances(
     assert snap.to_arrow().column("var").to_pylist() == other
 
 
+def test_runs_of_blocks_are_the_blocks_rows_in_order() -> None:
+    # A chunk's blocks of one column, read as runs: consecutive blocks of as many rows, each
+    # as far from the one before, make one strided view; any other block starts a new run.
+    from txstore.format.arrow.chunks import _runs
+
+    size = 3
+    data = np.arange(400, dtype=np.uint8)
+    starts = [10, 20, 30, 40, 47, 60, 73, 86, 99, 112, 200, 205]
+    rows = [2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1]
+    expected = np.concatenate(
+        [data[s : s + r * size].reshape(r, size) for s, r in zip(starts, rows, strict=True)]
+    )
+    runs = _runs(data, np.array(starts), np.array(rows), size)
+    # A block whose step from the one before differs starts a run; the next joins it only at
+    # that same step (so a block after a break may stand alone).
+    assert [run.shape[:-1] for run in runs] == [(4, 2), (2,), (5, 2), (1,), (1,)]
+    got = np.concatenate([run.reshape(-1, size) for run in runs])
+    assert np.array_equal(got, expected)
+    # A block at the same place as the one before (a step of 0) is not read as a run.
+    again = _runs(data, np.array([10, 10, 30]), np.array([1, 1, 1]), size)
+    assert np.array_equal(np.concatenate([r.reshape(-1, size) for r in again])[:, 0], [10, 10, 30])
+
+
+def test_a_value_of_another_header_inside_a_run_of_blocks_is_read_as_itself(
+    tmp_path: Path,
+) -> None:
+    # Many blocks of equal layout are checked and copied as one run: one value of the same
+    # size but another header (int32 among float32 arrays) in the middle of such a run must
+    # not be read as a float32 array, and ints whose width changes break the runs.
+    from txstore.format.chunk import parse_footer
+
+    store = txstore.create(str(tmp_path / "s"), compression=None, block_bytes=64)
+    n = 400
+    arrays = [np.arange(4, dtype=np.float32) + i for i in range(n)]
+    arrays[201] = np.arange(4, dtype=np.int32) * 1000
+    store.append([{"id": i * 97, "arr": a} for i, a in enumerate(arrays)])
+    snap = store.snapshot()
+    (chunk,) = snap.chunk_refs()
+    data = (tmp_path / "s" / chunk.path).read_bytes()
+    layout = parse_footer(data[chunk.footer_offset :], "test", chunk.footer_offset)
+    assert len(layout.footer.blocks) >= 100  # blocks of a few samples: long runs
+    table = snap.to_arrow()
+    assert table.column("id").to_pylist() == [i * 97 for i in range(n)]
+    got = table.column("arr").to_pylist()
+    # Read as float32 bytes, the int32 value would be tiny floats, not 0, 1000, 2000, 3000.
+    assert [list(v) for v in got] == [a.tolist() for a in arrays]
+
+
 def test_ints_and_floats_of_one_width_read_back_as_int64_and_float64(tmp_path: Path) -> None:
     # A column of ints (or floats) that all take one MessagePack width is read with one copy
     # of their bytes: each width, signed and not, gives the values as int64 (float64), and

@@ -274,11 +274,11 @@ def _uniform_array(frames: list[tuple[int, memoryview | None, bool]], decoder: A
 
 
 def rows_array(blocks: list[np.ndarray[Any, Any]], decoder: Any) -> Any:
-    """The column of ``blocks`` (each a block's values, a row per value, all rows of one
-    size): see ``_uniform_array``."""
+    """The column of ``blocks`` (each some blocks' values, a row per value, all rows of one
+    size: an array of rows, or of blocks of rows), in order: see ``_uniform_array``."""
     if not blocks:
         return None
-    first = blocks[0][0]
+    first = blocks[0][(0,) * (blocks[0].ndim - 1)]
     if int(first[0]) not in _SIZED_TAGS and int(first[0]) not in _NUMBER_TAGS:
         return None
     size = len(first)
@@ -301,15 +301,23 @@ def rows_array(blocks: list[np.ndarray[Any, Any]], decoder: Any) -> Any:
         return None
     if number is not None:
         return _numbers_array(blocks, first[:skip], number)
-    if not (np.concatenate([rows[:, :skip] for rows in blocks]) == first[:skip]).all():
+    heads = [rows[..., :skip].reshape(-1, skip) for rows in blocks]
+    if not (np.concatenate(heads) == first[:skip]).all():
         return None
-    total = sum(len(rows) for rows in blocks)
+    counts = [rows.size // size for rows in blocks]
+    total = sum(counts)
     # Into a buffer of Arrow's memory pool, which keeps the pages a dropped batch freed for
     # the next one: a fresh numpy array of this size is a new mapping, faulted in page by
     # page, each chunk of a scan.
     buffer = pa.allocate_buffer(total * payload)
     out = np.frombuffer(buffer, dtype=np.uint8).reshape(total, payload)
-    np.concatenate([rows[:, skip:] for rows in blocks], out=out)
+    if all(rows.ndim == 2 for rows in blocks):
+        np.concatenate([rows[:, skip:] for rows in blocks], out=out)
+    else:  # runs of blocks, each copied in one call
+        at = 0
+        for rows, count in zip(blocks, counts, strict=True):
+            np.copyto(out[at : at + count].reshape(*rows.shape[:-1], payload), rows[..., skip:])
+            at += count
     if kind is np.ndarray:
         values = out.reshape(-1).view(one.dtype)
         if one.dtype.byteorder == ">":

@@ -97,6 +97,21 @@ def litdata_large(i: int) -> dict[str, Any]:
     return {"id": i, "blob": bytes([i % 251]) * (16_000 + 997 * i), "note": f"n{i} ✓"}
 
 
+def litdata_classic(i: int) -> dict[str, Any]:
+    """Plain values and a JPEG file: LitData keeps such items in its own layout (a JPEG is
+    no Arrow row), one size per leaf, then the leaves."""
+    folder = Path(os.environ[_IMAGES])
+    jpg = Image.open(folder / f"img{i}.jpeg")
+    return {"id": i * 1_000_003 - 7, "x": i / 3, "ok": i % 2 == 0, "name": f"n{i} ✓",
+            "blob": bytes([i % 251]) * (i % 50), "jpg": jpg}  # fmt: skip
+
+
+def litdata_classic_expected(i: int, folder: Path) -> dict[str, Any]:
+    out = litdata_classic(i)
+    out["jpg"] = (folder / f"img{i}.jpeg").read_bytes()
+    return out
+
+
 def litdata_pickled(i: int) -> dict[str, Any]:
     return {"i": i, "odd": {i, i + 1}}  # a set: LitData pickles it
 
@@ -249,6 +264,58 @@ def test_litdata_arrow_rows_with_a_bad_string_are_corrupt(tmp_path: Path):
     first.write_bytes(data[:at] + b"\xff" + data[at + 1 :])
     with pytest.raises(txstore.TxstoreError, match=r"bad Arrow IPC block.*Invalid UTF8"):
         txstore.import_litdata(out, str(tmp_path / "st"), num_workers=1, progress=False)
+
+
+def test_litdata_items_of_plain_values_and_files_come_in_as_columns(tmp_path: Path, images: Path):
+    """Chunks in LitData's own layout whose leaves are ints, floats, bools, strs, bytes and
+    files are read a column at a time (``classic_batch``): the same samples, item by item,
+    as the reader of items gives, and as the test wrote them."""
+    from txstore.format import peer_litdata
+    from txstore.format.columnar import decoded
+
+    out = tmp_path / "ds"
+    litdata.optimize(fn=litdata_classic, inputs=list(range(N)), output_dir=str(out),
+                     chunk_bytes="4KB", num_workers=1)  # fmt: skip
+    index = json.loads((out / "index.json").read_text())
+    kinds = {f.split(":")[0] for f in index["config"]["data_format"]}
+    assert kinds == {"int", "float", "bool", "str", "bytes", "jpeg"}
+    assert len(index["chunks"]) > 2
+    layout = peer_litdata.Layout(index["config"], "x")
+    for entry in index["chunks"]:
+        data = (out / entry["filename"]).read_bytes()
+        assert not data.endswith(b"LDARW01\0")  # LitData's own layout: the one under test
+        batch = layout.classic_batch(data, entry["chunk_size"])
+        assert batch is not None
+        rows = list(layout.samples(data, entry["chunk_size"], "x"))
+        columns = [decoded(c) for c in batch.columns]
+        got = [dict(zip(batch.names, values, strict=True)) for values in zip(*columns, strict=True)]
+        assert got == rows
+    want = [litdata_classic_expected(i, images) for i in range(N)]
+    for workers in (1, 2):
+        dest = str(tmp_path / f"st{workers}")
+        txstore.import_litdata(out, dest, num_workers=workers, progress=False)
+        _same_samples(txstore.open(dest).snapshot(), want)
+
+
+def test_litdata_items_with_a_bad_string_are_corrupt(tmp_path: Path, images: Path):
+    """A string that is not UTF-8 in an item of LitData's own layout: the columns are not
+    read from that chunk, and its items name what is wrong; nothing is committed."""
+    from txstore.format import peer_litdata
+
+    out = tmp_path / "ds"
+    litdata.optimize(fn=litdata_classic, inputs=list(range(4)), output_dir=str(out),
+                     chunk_bytes="1MB", num_workers=1)  # fmt: skip
+    (first,) = sorted(out.glob("chunk-*.bin"))
+    data = first.read_bytes()
+    at = data.index("n2 ✓".encode())
+    bad = data[:at] + b"\xff" + data[at + 1 :]
+    first.write_bytes(bad)
+    layout = peer_litdata.Layout(json.loads((out / "index.json").read_text())["config"], "x")
+    assert layout.classic_batch(bad, 4) is None
+    named = r"chunk-0-0.bin, item 2: .*field 'name'.*bad str"
+    with pytest.raises(txstore.TxstoreError, match=named):
+        txstore.import_litdata(out, str(tmp_path / "st"), num_workers=1, progress=False)
+    assert not (tmp_path / "st").exists()
 
 
 def test_litdata_pickle_is_refused_naming_the_field(tmp_path: Path):

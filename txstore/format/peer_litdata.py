@@ -29,8 +29,10 @@ from typing import Any
 import numpy as np
 
 from ..errors import CorruptError, EncodeError, UnsupportedFormatError
+from . import columnar
+from .columnar import ColumnBatch
 from .manifest import check_path
-from .peer_mds import DATASET_FOLDER, pixels_of
+from .peer_mds import DATASET_FOLDER, all_utf8, pixels_of
 
 _U32 = struct.Struct("<I")
 _I64 = struct.Struct("<q")
@@ -103,6 +105,10 @@ _TORCH_ITEMSIZE = {
 
 #: Serializers whose stored bytes are a file's (an image, a video, a PDF ...): kept as bytes.
 FILE_LIKE = ("jpeg", "image", "file", "video", "audio", "pdf", "tifffile", "tiff", "nifti", "mesh")
+
+#: Serializers whose leaves ``Layout.classic_batch`` reads a column at a time, by kind.
+_COLUMNAR = {"int": "int", "float": "float", "bool": "bool", "bytes": "bytes", "str": "str",
+             "text": "str"}  # fmt: skip
 
 #: Serializers txstore cannot import exactly, and why.
 REFUSED = {
@@ -426,6 +432,7 @@ class Layout:
         #: how a sample that is not a dict becomes one: its items as fields "0", "1" ...,
         #: a lone leaf as field "value"
         self.top = top
+        self._columnar = _columnar_kinds(self.spec, formats)
 
     def batches(self, data: bytes | memoryview, num_items: int, where: str) -> list[Any] | None:
         """The rows of a chunk that stores them as Arrow (LitData's footer) as column
@@ -443,6 +450,53 @@ class Layout:
             rows = table.num_rows
             raise CorruptError(f"{where}: {rows} rows in the Arrow footer, not {num_items}")
         return row_batches(table)
+
+    def classic_batch(self, data: bytes | memoryview, num_items: int) -> ColumnBatch | None:
+        """The items of a chunk in LitData's own layout (no Arrow footer) as columns, with no
+        Python object per value: the same samples ``samples`` gives, for samples that are a
+        dict (or list, or one leaf) of ``int``, ``float``, ``bool``, ``bytes``, ``str`` and
+        file-like (``jpeg``, ``image`` ...) leaves. None for any other chunk, and for one whose
+        layout is not sound: ``samples`` then reads it, or names what is wrong with it. The
+        byte columns are views of ``data``."""
+        kinds = self._columnar
+        view = memoryview(data)
+        n = num_items
+        if kinds is None or n == 0 or len(view) < 4 * (n + 2):
+            return None
+        if _U32.unpack_from(view, 0)[0] != n or arrow_footer(view) is not None:
+            return None
+        buf = np.frombuffer(view, dtype=np.uint8)
+        offsets = np.frombuffer(view, dtype="<u4", count=n + 1, offset=4).astype(np.int64)
+        begins, ends = offsets[:-1], offsets[1:]
+        head = 4 * len(kinds)  # an item starts with each leaf's size
+        if int(offsets.max()) > len(view) or bool(np.any(ends - begins < head)):
+            return None
+        sizes = buf[begins[:, None] + np.arange(head)].view("<u4").astype(np.int64)
+        at = begins + head
+        columns = []
+        for k, kind in enumerate(kinds):
+            lengths = sizes[:, k]
+            if bool(np.any(at + lengths > ends)):
+                return None
+            if kind in ("int", "float"):
+                if bool(np.any(lengths != 8)):
+                    return None
+                values = buf[at[:, None] + np.arange(8)].view("<i8" if kind == "int" else "<f8")
+                encode = columnar.encode_ints if kind == "int" else columnar.encode_floats
+                columns.append(encode(values.reshape(n)))
+            elif kind == "bool":  # its first byte, as ``samples`` reads it
+                if bool(np.any(lengths < 1)):
+                    return None
+                columns.append(columnar.encode_bools(buf[at] != 0))
+            else:
+                text = kind == "str"
+                if text and not all_utf8(view, at, lengths):
+                    return None
+                columns.append(columnar.encode_scattered(buf, at, lengths, text))
+            at = at + lengths
+        if not np.array_equal(at, ends):  # bytes after the leaves: not this layout
+            return None
+        return ColumnBatch(tuple(self.paths), tuple(columns), n)
 
     def samples(
         self, data: bytes | memoryview, num_items: int, where: str
@@ -476,7 +530,10 @@ class Layout:
             for size, decode in zip(sizes, self.decoders, strict=True):
                 if at + size > end:
                     raise CorruptError(f"{where}: item {i} runs past its end")
-                values.append(decode(view[at : at + size]))
+                try:
+                    values.append(decode(view[at : at + size]))
+                except CorruptError as e:  # it names the field: this names the chunk
+                    raise CorruptError(f"{where}, item {i}: {e}") from e
                 at += size
             sample = self.spec.build(iter(values))
             if self.top == "dict":
@@ -485,6 +542,29 @@ class Layout:
                 yield {"value": sample}
             else:
                 yield {str(k): v for k, v in enumerate(sample)}
+
+
+def _columnar_kinds(spec: Spec, formats: list[str]) -> list[str] | None:
+    """The kind of each leaf (``_COLUMNAR``) where ``Layout.classic_batch`` can read the
+    samples a column at a time: one level of leaves (or one leaf), a dict's keys strings,
+    every serializer a plain value's or a file's. None otherwise."""
+    leaves = [spec] if spec.kind == "leaf" else spec.children
+    if any(child.kind != "leaf" for child in leaves):
+        return None
+    if spec.keys is not None and (
+        not all(isinstance(key, str) for key in spec.keys) or len(set(spec.keys)) < len(leaves)
+    ):
+        return None
+    kinds = []
+    for name in formats:
+        base, _, arg = name.partition(":")
+        if base in FILE_LIKE:
+            kinds.append("bytes")
+        elif base in _COLUMNAR and not arg:
+            kinds.append(_COLUMNAR[base])
+        else:
+            return None
+    return kinds
 
 
 _ARROW_FOOTER_MAGIC = b"LDARW01\0"

@@ -384,7 +384,7 @@ def shard_batch(shard: dict[str, Any], data: bytes | memoryview, where: str) -> 
         if bool(np.any(at + lengths > ends)):
             return None
         text = _COLUMNAR[encoding]
-        if text and not _utf8(view, at, lengths):
+        if text and not all_utf8(view, at, lengths):
             return None
         columns.append(columnar.encode_scattered(buf, at, lengths, text))
         at = at + lengths
@@ -393,7 +393,7 @@ def shard_batch(shard: dict[str, Any], data: bytes | memoryview, where: str) -> 
     return ColumnBatch(tuple(names), tuple(columns), n)
 
 
-def _utf8(view: memoryview, starts: np.ndarray[Any, Any], lengths: np.ndarray[Any, Any]) -> bool:
+def all_utf8(view: memoryview, starts: np.ndarray[Any, Any], lengths: np.ndarray[Any, Any]) -> bool:
     """Whether every value ``view[starts[i]:starts[i] + lengths[i]]`` is valid UTF-8."""
     try:
         for a, b in zip(starts.tolist(), (starts + lengths).tolist(), strict=True):

@@ -112,7 +112,8 @@ def _stable(batches: list[ColumnBatch]) -> list[ColumnBatch]:
 
 class _LitDataChunk:
     """Reads one LitData chunk file into samples (the function ``optimize`` maps): rows
-    LitData stored as Arrow as column batches over the file's bytes, others as dicts."""
+    LitData stored as Arrow, and items of plain values and files in its own layout, as
+    column batches over the file's bytes; others as dicts."""
 
     def __init__(self, uri: str, options: dict[str, Any] | None, config: dict[str, Any]) -> None:
         self.uri, self.options = uri, options
@@ -128,6 +129,9 @@ class _LitDataChunk:
         batches = self.layout.batches(data, count, where)
         if batches is not None:
             return _stable(batches)
+        batch = self.layout.classic_batch(data, count)
+        if batch is not None:
+            return _stable([batch])
         return list(self.layout.samples(data, count, where))
 
 

@@ -1,7 +1,9 @@
 """Importing a LitData and an MDS dataset against a plain copy of the same files.
 
-The datasets are written once by the tools themselves (``litdata.optimize``,
-``streaming.MDSWriter``, ``pyarrow.parquet`` in 4 files of row groups of about 25 MB):
+The datasets are written once by the tools themselves (``litdata.optimize`` twice: with
+pyarrow importable, where it stores rows of plain values as Arrow, and in a child process
+without, where it keeps its own layout; ``streaming.MDSWriter``; ``pyarrow.parquet`` in 4
+files of row groups of about 25 MB):
 samples of an int and a random ``bytes`` value (W2: 100 KiB each; ``--blob 2048``: W1's
 2 KiB, as many samples as make the same 512 MB). Then, round robin in one run: a plain
 copy of the dataset's files (``shutil.copyfile``, which copies in the kernel, then an fsync
@@ -21,6 +23,7 @@ import functools
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -49,6 +52,21 @@ def write_litdata(out: Path, n: int, size: int = BLOB) -> None:
 
     litdata.optimize(fn=functools.partial(_sample, size=size), inputs=list(range(n)),
                      output_dir=str(out), chunk_bytes="64MB", num_workers=1)  # fmt: skip
+
+
+def write_litdata_own(out: Path, n: int, size: int = BLOB) -> None:
+    """``write_litdata`` in a child process that cannot import pyarrow: LitData then keeps
+    the items in its own layout (as it does without pyarrow, and did before its Arrow rows),
+    the layout of the datasets it wrote so."""
+    env = dict(os.environ)
+    paths = env.get("PYTHONPATH", "").split(os.pathsep)
+    kept = [p for p in paths if p and not (Path(p) / "pyarrow").exists()]
+    env["PYTHONPATH"] = os.pathsep.join(kept)
+    command = [sys.executable, __file__, "--write-litdata-own", str(out), str(n), str(size)]
+    subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL)
+    first = sorted(out.glob("chunk-*.bin"))[0].read_bytes()
+    if first.endswith(b"LDARW01\0"):
+        raise SystemExit("LitData wrote Arrow rows: pyarrow was importable in the child")
 
 
 def write_mds(out: Path, n: int, size: int = BLOB) -> None:
@@ -140,7 +158,16 @@ def main() -> None:
         "--blob", type=int, default=BLOB,
         help="bytes of each sample's blob (the same 512 MB in all: 2048 for 250,000 samples)",
     )  # fmt: skip
+    parser.add_argument("--write-litdata-own", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.write_litdata_own:  # the child of write_litdata_own
+        import importlib.util
+
+        if importlib.util.find_spec("pyarrow") is not None:
+            raise SystemExit("pyarrow is importable: LitData would write Arrow rows")
+        out, count, size = args.write_litdata_own
+        write_litdata(Path(out), int(count), int(size))
+        return
     started = time.perf_counter()
     n = (1000 if args.quick else 5000) * BLOB // args.blob
     repeat = args.repeat or (2 if args.quick else 3)
@@ -149,34 +176,44 @@ def main() -> None:
         packages = ("txstore", "litdata", "mosaicml-streaming", "pyarrow", "pylance")
         info = machine_info(work, packages)
         print_machine(info)
-        sources = {"litdata": work / "litdata", "mds": work / "mds", "parquet": work / "parquet"}
+        # LitData writes rows of plain values as Arrow where pyarrow is installed (as here),
+        # and in its own layout where it is not: both are measured.
+        sources = {
+            "litdata": work / "litdata",
+            "litdata, own layout": work / "litdata-own",
+            "mds": work / "mds",
+            "parquet": work / "parquet",
+        }
         write_litdata(sources["litdata"], n, args.blob)
+        write_litdata_own(sources["litdata, own layout"], n, args.blob)
         write_mds(sources["mds"], n, args.blob)
         write_parquet(sources["parquet"], n, args.blob)
         importers: dict[str, Callable[..., Any]] = {
             "litdata": txstore.import_litdata,
+            "litdata, own layout": txstore.import_litdata,
             "mds": txstore.import_mds,
             "parquet": txstore.import_parquet,
         }
-        contenders: dict[str, Callable[[Path], None]] = {}
+        # name -> (the source it reads, what runs it)
+        contenders: dict[str, tuple[str, Callable[[Path], None]]] = {}
         for kind, src in sources.items():
-            contenders[f"plain copy of {kind} files"] = functools.partial(_copy_to, src)
+            contenders[f"plain copy of {kind} files"] = (kind, functools.partial(_copy_to, src))
+            own = kind == "litdata, own layout"
+            label = "import_litdata (own layout)" if own else f"import_{kind}"
             for workers in (1, 2):
-                contenders[f"import_{kind}, {workers} worker(s)"] = functools.partial(
-                    _import_to, importers[kind], src, workers
-                )
+                run = functools.partial(_import_to, importers[kind], src, workers)
+                contenders[f"{label}, {workers} worker(s)"] = (kind, run)
         if _has("lance"):
-            contenders["lance.write_dataset of parquet files"] = functools.partial(
-                _lance_to, sources["parquet"]
-            )
+            run = functools.partial(_lance_to, sources["parquet"])
+            contenders["lance.write_dataset of parquet files"] = ("parquet", run)
         times: dict[str, list[float]] = {name: [] for name in contenders}
         for _ in range(repeat):
-            for name, run in contenders.items():
+            for name, (_, run) in contenders.items():
                 times[name].append(_timed(run, work))
         sizes = {k: sum(p.stat().st_size for p in s.iterdir()) for k, s in sources.items()}
     results = []
     for name, seconds in times.items():
-        kind = next(k for k in sources if k in name)
+        kind = contenders[name][0]
         best = min(seconds)
         copy = min(times[f"plain copy of {kind} files"])
         results.append({

@@ -92,7 +92,7 @@ def add_commands(sub: Any) -> None:
         help="when DEST is a store: add a version (append) or commit one holding only these "
         "samples (overwrite); without it an existing store is refused",
     )
-    p.add_argument("--num-workers", type=int, default=None, help="default: one per core")
+    p.add_argument("--num-workers", type=int, default=None, help="default: one per two cores")
     p.add_argument("-m", "--message", default=None, help="the commit message")
     p.add_argument("--txn-id", default=None, help="an id that makes a retried import commit once")
     for action in flags._actions:

@@ -68,15 +68,17 @@ def _workers(
     dest: str,
     options: Any,
 ) -> int:
-    """Worker processes by default: one per core, but no more than there are chunks' worth
-    of source bytes, since each worker ends with a part-filled chunk the parent may re-pack
-    (for a small dataset that costs more than the parallel reads save)."""
+    """Worker processes by default: one per two cores (a worker keeps two busy: it encodes
+    on one thread while another writes and checksums its chunks, and more workers than that
+    only contend for the cores), but no more than there are chunks' worth of source bytes,
+    since each worker ends with a part-filled chunk the parent may re-pack (for a small
+    dataset that costs more than the parallel reads save)."""
     if num_workers is not None:
         return max(1, num_workers)
     if not open_storage(dest, options).shared_across_processes:
         return 1  # a memory store lives in this process
     chunks_worth = max(1, source_bytes // max(1, parse_size(chunk_bytes)))
-    return max(1, min(os.cpu_count() or 1, inputs, chunks_worth))
+    return max(1, min((os.cpu_count() or 1) // 2, inputs, chunks_worth))
 
 
 def _bytes(entry: Any, *keys: str) -> int:
@@ -159,7 +161,7 @@ def import_litdata(
     pixels. A sample that is not a dict becomes one: a tuple's items as fields "0", "1" ...,
     a lone value as field "value". A pickled leaf is refused, naming it.
     ``mode``, ``chunk_bytes``, ``compression``, ``message``, ``txn_id``, ``progress``: as
-    ``optimize``'s. ``num_workers``: processes reading chunks (default: one per core).
+    ``optimize``'s. ``num_workers``: processes reading chunks (default: one per two cores).
     ``storage_options`` are ``dest``'s, ``src_storage_options`` the source's.
     """
     uri, options = _uri(src)

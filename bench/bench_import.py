@@ -201,11 +201,11 @@ def main() -> None:
             own = kind == "litdata, own layout"
             label = "import_litdata (own layout)" if own else f"import_{kind}"
             for workers in (1, 2):
-                run = functools.partial(_import_to, importers[kind], src, workers)
-                contenders[f"{label}, {workers} worker(s)"] = (kind, run)
+                importing = functools.partial(_import_to, importers[kind], src, workers)
+                contenders[f"{label}, {workers} worker(s)"] = (kind, importing)
         if _has("lance"):
-            run = functools.partial(_lance_to, sources["parquet"])
-            contenders["lance.write_dataset of parquet files"] = ("parquet", run)
+            lance_run = functools.partial(_lance_to, sources["parquet"])
+            contenders["lance.write_dataset of parquet files"] = ("parquet", lance_run)
         times: dict[str, list[float]] = {name: [] for name in contenders}
         for _ in range(repeat):
             for name, (_, run) in contenders.items():

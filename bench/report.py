@@ -1090,8 +1090,10 @@ def ray_section(report: Report) -> str:
         "consumed) against the row-by-row faces they replaced (`rows`, txstore `c262782`, "
         "kept in the script), medians of the repeats. Floors in the same run: `ray alone` "
         "(a sink that only takes its blocks, a source that makes blocks of the same size "
-        "without reading) and `disk alone` (the blocks' bytes written and fsynced, no Ray); "
-        "a write takes at least the longer of the two, a read at least Ray's.\n",
+        "without reading), `disk alone` (the blocks' bytes written and fsynced, no Ray) "
+        "and, where measured, `ray + disk` (a sink that writes and fsyncs the bytes of the "
+        "blocks Ray gives it, a chunk's worth a task as txstore's sink asks); a write takes "
+        "at least the longest of these, a read at least Ray's.\n",
         table(["way", "face", "s", "rows/s"], rows) + "\n",
         table(["way", "txstore ÷ rows", "floor ÷ rows", "target", ""], verdicts) + "\n",
         run_line([report]) + "\n",

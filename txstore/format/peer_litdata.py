@@ -32,7 +32,7 @@ from ..errors import CorruptError, EncodeError, UnsupportedFormatError
 from . import columnar
 from .columnar import ColumnBatch
 from .manifest import check_path
-from .peer_mds import DATASET_FOLDER, all_utf8, pixels_of
+from .peer_mds import DATASET_FOLDER, all_utf8, gather, pixels_of
 
 _U32 = struct.Struct("<I")
 _I64 = struct.Struct("<q")
@@ -471,7 +471,7 @@ class Layout:
         head = 4 * len(kinds)  # an item starts with each leaf's size
         if int(offsets.max()) > len(view) or bool(np.any(ends - begins < head)):
             return None
-        sizes = buf[begins[:, None] + np.arange(head)].view("<u4").astype(np.int64)
+        sizes = gather(buf, begins, head).view("<u4").astype(np.int64)
         at = begins + head
         columns = []
         for k, kind in enumerate(kinds):
@@ -481,7 +481,7 @@ class Layout:
             if kind in ("int", "float"):
                 if bool(np.any(lengths != 8)):
                     return None
-                values = buf[at[:, None] + np.arange(8)].view("<i8" if kind == "int" else "<f8")
+                values = gather(buf, at, 8).view("<i8" if kind == "int" else "<f8")
                 encode = columnar.encode_ints if kind == "int" else columnar.encode_floats
                 columns.append(encode(values.reshape(n)))
             elif kind == "bool":  # its first byte, as ``samples`` reads it
@@ -549,7 +549,7 @@ def _columnar_kinds(spec: Spec, formats: list[str]) -> list[str] | None:
     samples a column at a time: one level of leaves (or one leaf), a dict's keys strings,
     every serializer a plain value's or a file's. None otherwise."""
     leaves = [spec] if spec.kind == "leaf" else spec.children
-    if any(child.kind != "leaf" for child in leaves):
+    if not leaves or any(child.kind != "leaf" for child in leaves):
         return None
     if spec.keys is not None and (
         not all(isinstance(key, str) for key in spec.keys) or len(set(spec.keys)) < len(leaves)

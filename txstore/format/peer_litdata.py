@@ -32,7 +32,7 @@ from ..errors import CorruptError, EncodeError, UnsupportedFormatError
 from . import columnar
 from .columnar import ColumnBatch
 from .manifest import check_path
-from .peer_mds import DATASET_FOLDER, all_utf8, gather, pixels_of
+from .peer_mds import DATASET_FOLDER, all_utf8, item_heads, pixels_of
 
 _U32 = struct.Struct("<I")
 _I64 = struct.Struct("<q")
@@ -461,17 +461,13 @@ class Layout:
         kinds = self._columnar
         view = memoryview(data)
         n = num_items
-        if kinds is None or n == 0 or len(view) < 4 * (n + 2):
+        if kinds is None or arrow_footer(view) is not None:
             return None
-        if _U32.unpack_from(view, 0)[0] != n or arrow_footer(view) is not None:
-            return None
-        buf = np.frombuffer(view, dtype=np.uint8)
-        offsets = np.frombuffer(view, dtype="<u4", count=n + 1, offset=4).astype(np.int64)
-        begins, ends = offsets[:-1], offsets[1:]
         head = 4 * len(kinds)  # an item starts with each leaf's size
-        if int(offsets.max()) > len(view) or bool(np.any(ends - begins < head)):
+        items = item_heads(view, n, head)
+        if items is None:
             return None
-        sizes = gather(buf, begins, head).view("<u4").astype(np.int64)
+        buf, begins, ends, sizes = items
         at = begins + head
         columns = []
         for k, kind in enumerate(kinds):
@@ -481,7 +477,7 @@ class Layout:
             if kind in ("int", "float"):
                 if bool(np.any(lengths != 8)):
                     return None
-                values = gather(buf, at, 8).view("<i8" if kind == "int" else "<f8")
+                values = columnar.gather(buf, at, 8).view("<i8" if kind == "int" else "<f8")
                 encode = columnar.encode_ints if kind == "int" else columnar.encode_floats
                 columns.append(encode(values.reshape(n)))
             elif kind == "bool":  # its first byte, as ``samples`` reads it

@@ -356,26 +356,18 @@ def shard_batch(shard: dict[str, Any], data: bytes | memoryview, where: str) -> 
         return None
     view = memoryview(data)
     n = shard["samples"]
-    if len(view) < 4 * (n + 2) or _U32.unpack_from(view, 0)[0] != n or n == 0:
-        return None
-    buf = np.frombuffer(view, dtype=np.uint8)
-    offsets = np.frombuffer(view, dtype="<u4", count=n + 1, offset=4).astype(np.int64)
-    begins, ends = offsets[:-1], offsets[1:]
     head = 4 * sum(variable)
-    if int(offsets.max()) > len(view) or bool(np.any(ends - begins < head)):
+    items = item_heads(view, n, head)
+    if items is None:
         return None
-    sizes = (
-        gather(buf, begins, head).view("<u4").astype(np.int64)
-        if head
-        else np.zeros((n, 0), dtype=np.int64)
-    )
+    buf, begins, ends, sizes = items
     at, v = begins + head, 0
     columns = []
     for encoding, var in zip(encodings, variable, strict=True):
         if not var:
             if bool(np.any(at + 8 > ends)):
                 return None
-            ints = gather(buf, at, 8).view("<i8").reshape(n)
+            ints = columnar.gather(buf, at, 8).view("<i8").reshape(n)
             columns.append(columnar.encode_ints(ints))
             at = at + 8
             continue
@@ -393,14 +385,21 @@ def shard_batch(shard: dict[str, Any], data: bytes | memoryview, where: str) -> 
     return ColumnBatch(tuple(names), tuple(columns), n)
 
 
-def gather(buf: np.ndarray[Any, Any], starts: np.ndarray[Any, Any], width: int) -> Any:
-    """The ``width`` bytes at each of ``starts`` in ``buf`` (each start at most
-    ``len(buf) - width``), one row each: read through an overlapping view of ``buf``, so the
-    only index is the starts themselves (an index per byte took eight bytes per byte)."""
-    rows = np.lib.stride_tricks.as_strided(
-        buf, (len(buf) - width + 1, width), (1, 1), writeable=False
-    )
-    return rows[starts]
+def item_heads(view: memoryview, n: int, head: int) -> tuple[Any, Any, Any, Any] | None:
+    """A file of ``n`` items laid out as MDS's shards and LitData's chunks are (``[n: u32]
+    [offsets: (n + 1) x u32][items]``), each item starting with ``head`` bytes of u32 sizes:
+    the file as bytes, where each item begins and ends, and the sizes (a row an item).
+    None when it holds no items or its layout is not sound."""
+    if n == 0 or len(view) < 4 * (n + 2) or _U32.unpack_from(view, 0)[0] != n:
+        return None
+    buf = np.frombuffer(view, dtype=np.uint8)
+    offsets = np.frombuffer(view, dtype="<u4", count=n + 1, offset=4).astype(np.int64)
+    begins, ends = offsets[:-1], offsets[1:]
+    if int(offsets.max()) > len(view) or bool(np.any(ends - begins < head)):
+        return None
+    if not head:
+        return buf, begins, ends, np.zeros((n, 0), dtype=np.int64)
+    return buf, begins, ends, columnar.gather(buf, begins, head).view("<u4").astype(np.int64)
 
 
 def all_utf8(view: memoryview, starts: np.ndarray[Any, Any], lengths: np.ndarray[Any, Any]) -> bool:

@@ -11,6 +11,7 @@ import pyarrow as pa
 
 from ...errors import CorruptError
 from ..chunk import FLAG_SPARSE
+from ..columnar import gather
 from ..frames import Ranges, frame_raw
 from .arrays import column_array, msgspec_errors, rows_array
 from .tables import empty_table
@@ -147,7 +148,7 @@ def _uniform_column(
     tables = offsets + lengths - 4 * n
     if (tables < offsets).any() or (offsets + lengths > len(data)).any():
         return None
-    heads = data[tables[:, None] + np.arange(4)].view("<u4").reshape(-1).astype(np.int64)
+    heads = gather(data, tables, 4).view("<u4").reshape(-1).astype(np.int64)
     spans = tables - offsets - heads
     size = int(spans[0]) // int(n[0])
     if size <= 0 or (heads < 1).any() or (spans != size * n).any():

@@ -342,23 +342,30 @@ def test_a_loader_reads_chunks_ahead_only_once_its_first_batch_is_out(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Through a StreamingDataLoader, the first batch needs only the first chunk: no other is
-    read ahead before its last sample, so that their reads and checks do not delay it. Then
-    they are, and every sample comes once."""
+    read ahead before it is collated (and, in a worker, sent), so that their reads and checks
+    do not delay it (on a cold disk they queued before the pages of the code that collates
+    it). Then they are, and every sample comes once."""
     store = _store(str(tmp_path / "s"))
     chunks = [c.path for c in store.snapshot().chunks()]
     batch = 16
     assert store.snapshot().chunks()[0].num_samples > batch
     submitted = _record_fetches(monkeypatch)
     seen: list[list[str]] = []
+    at_collate: list[list[str]] = []
 
     def note(sample: dict[str, Any]) -> dict[str, Any]:
         seen.append(list(submitted))
         return sample
 
+    def collate(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        at_collate.append(list(submitted))
+        return samples
+
     ds = StreamingDataset(store.snapshot(), prefetch_chunks=3, transform=note)
-    loader = StreamingDataLoader(ds, batch_size=batch)
-    assert sorted(_ids(loader)) == list(range(N))
+    loader = StreamingDataLoader(ds, batch_size=batch, collate_fn=collate)
+    assert sorted(int(s["id"]) for b in loader for s in b) == list(range(N))
     assert seen[:batch] == [[chunks[0]]] * batch
+    assert at_collate[0] == [chunks[0]]
     assert len(seen[batch]) > 1  # read ahead while the next batch is made
     assert set(submitted) == set(chunks)
     # A dataset read alone reads ahead after its first sample, as before.

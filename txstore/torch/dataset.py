@@ -781,14 +781,16 @@ class StreamingDataset(SnapshotDataset):
                         rows = itertools.islice(rows, skip, None)
                     if transform is not None:
                         rows = map(transform, rows)
-                    # Other chunks are read ahead once the first batch is out: on a cold
-                    # disk their reads queued before its pages, and warm, checking them took
-                    # the core from it.
+                    # Other chunks are read ahead once the first batch is out: asked for
+                    # when the sample after it is, so after a DataLoader worker collated and
+                    # sent it. On a cold disk their reads queued before its pages (and the
+                    # pages of the code that collates and sends it); warm, checking them
+                    # took the core from it.
                     for row in itertools.islice(rows, held):
                         held -= 1
+                        yield row
                         if not held:
                             fetcher.go_ahead()
-                        yield row
                     yield from rows
                     skip = max(0, skip - (piece.stop - piece.start))
                     fetcher.release(chunks[number])

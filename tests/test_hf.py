@@ -106,3 +106,66 @@ def test_chunk_tables_of_chosen_chunks(store):
 def test_empty_store_gives_an_empty_dataset(tmp_path):
     st = txstore.create(str(tmp_path / ("empty-" + os.urandom(2).hex())))
     assert list(st.snapshot().to_hf(streaming=True)) == []
+
+
+def _png() -> bytes:
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (3, 2), (200, 10, 10)).save(out, format="PNG")
+    return out.getvalue()
+
+
+def test_a_dataset_appends_its_rows_in_its_order_as_arrow_stores_them(tmp_path):
+    """``store.append(ds)`` takes a Hugging Face dataset's rows as ``ds[i]`` orders them,
+    after ``shuffle`` and ``select`` (``ds.data.table`` is all of the table beneath, in its
+    first order), a table at a time: an ``Image`` column as its ``{bytes, path}`` struct
+    (iterating the dataset decodes it into PIL images, which no store can encode)."""
+    import datasets
+
+    png = _png()
+    features = datasets.Features({"id": datasets.Value("int64"), "image": datasets.Image()})
+    rows = {"id": list(range(50)), "image": [{"bytes": png, "path": None}] * 50}
+    ds = datasets.Dataset.from_dict(rows, features=features)
+    picked = ds.shuffle(seed=3).select(range(7))
+    assert picked.data.table.num_rows == 50  # the table beneath: not what to append
+    st = txstore.create(str(tmp_path / "st"))
+    st.append(picked)
+    snap = st.snapshot()
+    assert [s["id"] for s in snap] == list(picked["id"])
+    assert len(snap) == 7 and sorted(set(picked["id"])) != list(range(7))
+    assert all(s["image"] == {"bytes": png, "path": None} for s in snap)
+    # A streamed dataset too, and an empty selection appends nothing.
+    st.append(ds.to_iterable_dataset().take(5))
+    assert [s["id"] for s in st.snapshot()][7:] == [0, 1, 2, 3, 4]
+    before = len(st.snapshot())
+    st.append(ds.select([]))
+    assert len(st.snapshot()) == before
+
+
+def test_a_store_read_as_the_interpreter_exits_leaves_no_error_behind(tmp_path):
+    """A chunk's kept map still alive as the interpreter exits (here after a dataset was
+    appended) is closed then without an error: the storage module's globals are gone by
+    that time."""
+    import subprocess
+    import sys
+
+    script = (
+        "import datasets, txstore\n"
+        "ds = datasets.Dataset.from_dict({'id': list(range(10))})\n"
+        f"store = txstore.create({str(tmp_path / 's')!r})\n"
+        "store.append(ds)\n"
+        "snap = store.snapshot()\n"
+        "assert snap[3] == {'id': 3}\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Exception ignored" not in done.stderr, done.stderr

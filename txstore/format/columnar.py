@@ -482,10 +482,16 @@ def _is_arrow(obj: Any) -> bool:
     return type(obj).__module__.partition(".")[0] in ("pyarrow", "pandas")
 
 
+def _is_hf(obj: Any) -> bool:
+    """A Hugging Face ``datasets.Dataset`` or ``IterableDataset``, told by its module (so
+    that asking does not import ``datasets``)."""
+    return type(obj).__module__.partition(".")[0] == "datasets" and hasattr(obj, "with_format")
+
+
 def is_columns(obj: Any) -> bool:
-    """Whether ``obj`` is a table of samples (Arrow, pandas, or columns encoded already by
-    an importer), not a sample."""
-    return _is_arrow(obj) or isinstance(obj, ColumnBatch)
+    """Whether ``obj`` is a table of samples (Arrow, pandas, a Hugging Face dataset, or
+    columns encoded already by an importer), not a sample."""
+    return _is_arrow(obj) or isinstance(obj, ColumnBatch) or _is_hf(obj)
 
 
 def _check_names(names: Iterable[Any], where: str) -> tuple[str, ...]:
@@ -588,13 +594,23 @@ def _batches(items: Iterator[Any], position: int) -> Iterator[ColumnBatch]:
             position += item.num_rows
             yield item
             continue
+        from . import arrow
+
+        if _is_hf(item):
+            # Its rows in its order, a table at a time (``ds.data.table`` would ignore a
+            # select, shuffle or filter), features as Arrow stores them.
+            from . import hf
+
+            for table in hf.arrow_tables(item):
+                for batch in arrow.batches(table, position):
+                    position += batch.num_rows
+                    yield batch
+            continue
         if not _is_arrow(item):
             raise EncodeError(
                 f"an iterable of tables holds a {type(item).__name__} after {position} "
                 "samples: give tables, record batches, data frames or dicts of columns only"
             )
-        from . import arrow
-
         for batch in arrow.batches(item, position):
             position += batch.num_rows
             yield batch

@@ -1,5 +1,6 @@
-"""Hugging Face ``datasets`` views of a snapshot's Arrow tables (the one module that imports
-``datasets``; the ``hf`` extra). No I/O here: the tables come from the caller."""
+"""Hugging Face ``datasets`` views of a snapshot's Arrow tables, and the Arrow tables of a
+dataset appended (the one module that imports ``datasets``; the ``hf`` extra). No I/O here:
+the tables come from the caller."""
 
 from __future__ import annotations
 
@@ -11,6 +12,17 @@ from datasets.table import InMemoryTable
 
 #: Given chunk numbers, the ``pyarrow.Table`` of each, in that order.
 TablesOf = Callable[[list[int]], Iterable[Any]]
+#: Rows per table when a dataset is appended: a slice of its table where it has no indices
+#: (no copy), a gather of that many rows where it has (after ``select``, ``shuffle``...).
+APPEND_ROWS = 16_384
+
+
+def arrow_tables(ds: Any) -> Iterator[Any]:
+    """The rows of a Hugging Face dataset as ``pyarrow.Table``s, in its order: its rows as
+    ``ds[i]`` gives them, after any ``select``, ``shuffle`` or ``filter`` (``ds.data.table``
+    is the table beneath, all of its rows in their first order). Columns as Arrow stores
+    them: an ``Image`` or ``Audio`` feature is its ``{bytes, path}`` struct, not decoded."""
+    return iter(ds.with_format("arrow").iter(batch_size=APPEND_ROWS))
 
 
 def in_memory(table: Any) -> Any:

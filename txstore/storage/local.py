@@ -18,7 +18,7 @@ import platform
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -151,9 +151,13 @@ class _Kept:
         self.fd = fd
         self.cached_reads = -1 if _NOWAIT is not None else _WARM_AFTER
 
-    def __del__(self) -> None:
-        with contextlib.suppress(OSError):
-            os.close(self.fd)
+    # os.close bound now: a map kept until the interpreter exits is dropped after the
+    # modules' globals (contextlib, os) are gone.
+    def __del__(self, _close: Callable[[int], None] = os.close) -> None:
+        try:  # noqa: SIM105 (not contextlib.suppress: see above)
+            _close(self.fd)
+        except OSError:
+            pass
 
     def still_cached(self, start: int, end: int) -> bool:
         """Whether the last byte of [start, end) is still in the page cache (one small read

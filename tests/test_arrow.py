@@ -168,6 +168,57 @@ def test_unmapped_types_are_refused_naming_the_column(tmp_path: Path, column: An
     assert store.version == 0 and len(store.snapshot()) == 0
 
 
+def test_views_and_arrows_own_tensors_read_back_as_their_values(tmp_path: Path) -> None:
+    """list_view and large_list_view (in order, overlapping, sliced, nulls, a last empty
+    list, which pyarrow's own cast to a list gets wrong), string_view, binary_view and the
+    fixed_shape_tensor extension read back as the values they hold."""
+    store = _store(tmp_path)
+    rows = [[1, 2], None, [3], [], [4, 5, 6], []]
+    views = {
+        "lv": pa.array(rows, pa.list_view(pa.int64())),
+        "llv": pa.array([None if r is None else [f"s{v}" for v in r] for r in rows],
+                        pa.large_list_view(pa.string())),
+        "sv": pa.array(["a", None, "bc", "", "déf", "g"], pa.string_view()),
+        "bv": pa.array([b"a", None, b"", b"\x00\xff", b"xyz", b"q"], pa.binary_view()),
+    }  # fmt: skip
+    store.append(pa.table(views))
+    store.append(pa.table({name: column.slice(2) for name, column in views.items()}))
+    # views that overlap and run backwards in their values: rows [9], [7, 8, 9], [8, 9]
+    overlapping = pa.ListViewArray.from_arrays(
+        pa.array([2, 0, 1], pa.int32()), pa.array([1, 3, 2], pa.int32()), pa.array([7, 8, 9])
+    )
+    store.append(pa.table({"lv": overlapping}))
+    tensor = pa.fixed_shape_tensor(pa.float32(), (2, 3))
+    flat = np.arange(12, dtype=np.float32)
+    storage = pa.FixedSizeListArray.from_arrays(pa.array(flat), 6)
+    store.append(pa.table({"t": pa.ExtensionArray.from_storage(tensor, storage)}))
+    got = store.snapshot()[:]
+    want_lv = rows + rows[2:] + [[9], [7, 8, 9], [8, 9]]
+    assert [s.get("lv") for s in got[:13]] == want_lv
+    want_sv = ["a", None, "bc", "", "déf", "g"]
+    assert [s.get("sv") for s in got[:10]] == want_sv + want_sv[2:]
+    assert [s.get("llv") for s in got[:6]] == [
+        None if r is None else [f"s{v}" for v in r] for r in rows
+    ]
+    assert [s.get("bv") for s in got[6:10]] == [b"", b"\x00\xff", b"xyz", b"q"]
+    for k, s in enumerate(got[13:]):
+        assert s["t"].dtype == np.float32 and s["t"].shape == (2, 3)
+        assert np.array_equal(s["t"], flat[6 * k : 6 * k + 6].reshape(2, 3))
+    assert len(got) == 15
+
+
+def test_other_extension_and_union_types_are_refused_naming_the_column(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    with pytest.raises(EncodeError, match=r"column 'u'.*uuid"):
+        store.append(pa.table({"u": pa.array([b"0123456789abcdef"], pa.uuid())}))
+    union = pa.UnionArray.from_sparse(
+        pa.array([0, 1], pa.int8()), [pa.array([1, 2]), pa.array(["a", "b"])]
+    )
+    with pytest.raises(EncodeError, match=r"column 'either'.*union"):
+        store.append(pa.table({"either": union}))
+    assert store.version == 0
+
+
 def test_refusals_inside_nested_types_name_the_path(tmp_path: Path) -> None:
     store = _store(tmp_path)
     inner = pa.array([{"at": 1}], pa.struct([("at", pa.timestamp("s"))]))

@@ -81,7 +81,7 @@ def encode_array(arr: Any, name: str, position: int, depth: int = 0) -> Encoded:
         raise EncodeError(f"column {name!r}: nested deeper than {MAX_DEPTH} levels")
     t = arr.type
     n = len(arr)
-    if isinstance(t, pa.ExtensionType):
+    if isinstance(t, pa.BaseExtensionType):  # Arrow's own (fixed_shape_tensor) and Python's
         return _extension(arr, name, position)
     if pa.types.is_dictionary(t):
         return encode_array(arr.dictionary_decode(), name, position, depth)
@@ -126,7 +126,7 @@ def encode_array(arr: Any, name: str, position: int, depth: int = 0) -> Encoded:
         offsets = np.arange(n + 1, dtype=np.int64) * size
         return col.with_nulls(col.encode_lists(items, offsets), valid)
     if pa.types.is_list_view(t) or pa.types.is_large_list_view(t):
-        return encode_array(arr.cast(pa.large_list(t.value_type)), name, position, depth)
+        return encode_array(_list_view_as_list(arr), name, position, depth)
     if pa.types.is_map(t):
         return _maps(arr, name, position)
     if pa.types.is_list(t) or pa.types.is_large_list(t):
@@ -149,6 +149,25 @@ def encode_array(arr: Any, name: str, position: int, depth: int = 0) -> Encoded:
     raise _refuse(name, t)
 
 
+def _list_view_as_list(arr: Any) -> Any:
+    """A list view as a large list of the same rows, its items gathered in row order. (Not
+    through ``cast``: pyarrow 26 gives a list view ending in an empty list a last offset of
+    0, a list array of negative length.)"""
+    n = len(arr)
+    valid = _valid(arr)
+    offsets = np.asarray(arr.offsets, dtype=np.int64)
+    sizes = np.asarray(arr.sizes, dtype=np.int64)
+    if valid is not None:
+        sizes = np.where(valid, sizes, 0)
+    ends = np.cumsum(sizes)
+    total = int(ends[-1]) if n else 0
+    items = np.repeat(offsets - (ends - sizes), sizes) + np.arange(total, dtype=np.int64)
+    values = arr.values.take(pa.array(items, pa.int64()))
+    starts = pa.array(np.concatenate([np.zeros(1, np.int64), ends]), pa.int64())
+    mask = None if valid is None else pa.array(~valid)
+    return pa.LargeListArray.from_arrays(starts, values, mask=mask)
+
+
 def _extension(arr: Any, name: str, position: int) -> Encoded:
     """Extension arrays of tensors: Arrow's fixed_shape_tensor and ones (such as Ray Data's)
     whose ``to_numpy`` gives the rows as arrays; any other extension type is refused."""
@@ -158,7 +177,8 @@ def _extension(arr: Any, name: str, position: int) -> Encoded:
         if arr.null_count:
             raise _refuse(name, t, ": a null tensor")
         values = arr.to_numpy_ndarray()
-    elif type(arr).to_numpy is not pa.ExtensionArray.to_numpy:  # a tensor type's own
+    elif isinstance(t, pa.ExtensionType) and type(arr).to_numpy is not pa.ExtensionArray.to_numpy:
+        # a Python tensor type's own
         values = arr.to_numpy(zero_copy_only=False)
     if isinstance(values, np.ndarray) and values.dtype.kind in "biufc" and values.ndim > 1:
         return col.encode_arrays(np.ascontiguousarray(values), name, position)

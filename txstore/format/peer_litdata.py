@@ -652,6 +652,11 @@ def parse_index(data: bytes, where: str) -> tuple[dict[str, Any], list[dict[str,
 # -- writing ---------------------------------------------------------------------------
 
 
+#: The serializers of values that a ``json`` leaf reads back equal too: a field whose
+#: values are of two of them (None and floats) is written as ``json``.
+IN_JSON = frozenset({"json", "bool", "int", "float", "str"})
+
+
 def format_of(value: Any) -> str | None:
     """The serializer a value is written with (None: none reads back equal)."""
     if isinstance(value, bool):

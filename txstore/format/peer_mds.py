@@ -427,6 +427,11 @@ def _json_safe(value: Any) -> bool:
     return False
 
 
+#: The encodings of values that ``json`` reads back equal too: a field whose values are of
+#: two of them (None and floats) is written as ``json``.
+IN_JSON = frozenset({"json", "int", "float64", "str"})
+
+
 def encoding_of(value: Any) -> str | None:
     """The MDS encoding a value is written in (None: it has none that reads back equal)."""
     if isinstance(value, bool) or value is None or isinstance(value, list | dict):

@@ -68,14 +68,33 @@ def _samples(snap: Snapshot, stage: Stage) -> Iterator[tuple[int, dict[str, Any]
         stage.update(1)
 
 
+class _Widen(Exception):
+    """A field with values of two encodings that the peer's ``json`` both holds (None and
+    floats, say): the export starts again, writing that field as ``json``."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
+
+
 def _typed(
     snap: Snapshot,
     stage: Stage,
     kind: Callable[[Any], str | None],
+    in_json: frozenset[str],
     what: str,
+    as_json: frozenset[str],
 ) -> Iterator[tuple[int, list[str], list[str], dict[str, Any]]]:
     """Each sample with the fields and the peer's encoding of each, as the first sample set
-    them; a sample whose fields or value types differ is refused, naming it."""
+    them (``json`` for the fields of ``as_json``, whose values the encodings ``in_json``
+    are); a sample whose fields or value types differ is refused, naming it, unless ``json``
+    holds both (``_Widen``)."""
+
+    def kind_of(name: str, value: Any) -> str | None:
+        if name in as_json:  # as the peer writes a value inside a json leaf, or not at all
+            return "json" if kind([value]) == "json" else None
+        return kind(value)
+
     names: list[str] | None = None
     kinds: list[str] = []
     for number, sample in _samples(snap, stage):
@@ -83,7 +102,7 @@ def _typed(
             names = list(sample)
             kinds = []
             for name in names:
-                found = kind(sample[name])
+                found = kind_of(name, sample[name])
                 if found is None:
                     raise _cannot(what, number, name, sample[name])
                 kinds.append(found)
@@ -94,15 +113,30 @@ def _typed(
             )
         else:
             for name, expected in zip(names, kinds, strict=True):
-                found = kind(sample[name])
+                found = kind_of(name, sample[name])
                 if found != expected:
                     if found is None:
                         raise _cannot(what, number, name, sample[name])
+                    if expected in in_json and found in in_json and name not in as_json:
+                        raise _Widen(name)
                     raise EncodeError(
                         f"sample {number}, field {name!r}: a value written as {found!r} where "
                         f"sample 0's is {expected!r}: {what} needs one type per field"
                     )
         yield number, names, kinds, sample
+
+
+def _widening(storage: Storage, write: Callable[[frozenset[str]], Export]) -> Export:
+    """``write`` the export, again with a field as ``json`` each time one turns out to need
+    it (what the first attempts wrote deleted first: the folder was empty)."""
+    as_json: frozenset[str] = frozenset()
+    while True:
+        try:
+            return write(as_json)
+        except _Widen as e:
+            for info in list(storage.list("")):
+                storage.delete(info.key)
+            as_json |= {e.name}
 
 
 def _cannot(what: str, number: int, name: str, value: Any) -> EncodeError:
@@ -124,9 +158,16 @@ def export_litdata(
     uncompressed chunks of about ``chunk_bytes`` and ``index.json``. A sample is a dict of
     one leaf per field: bool, int, float, str and bytes as LitData's serializers of those,
     numpy arrays as ``numpy``, torch tensors as ``tensor``, None, lists and dicts as its
-    ``json`` leaves. Every sample needs the fields of the first, each of one type."""
+    ``json`` leaves. Every sample needs the fields of the first, each of one type (or of
+    types ``json`` holds: that field is then written as ``json``)."""
     storage = _target(dest, storage_options)
     limit = parse_size(chunk_bytes)
+    return _widening(storage, lambda as_json: _litdata(snap, storage, limit, progress, as_json))
+
+
+def _litdata(
+    snap: Snapshot, storage: Storage, limit: int, progress: ProgressArg, as_json: frozenset[str]
+) -> Export:
     with Progress.of(progress).stage("export litdata", len(snap), "samples") as stage:
         out = _Writer(storage, snap, "litdata", stage)
         chunks: list[dict[str, Any]] = []
@@ -147,7 +188,7 @@ def export_litdata(
 
         count = 0
         for _number, names, formats, sample in _typed(
-            snap, stage, peer_litdata.format_of, "LitData"
+            snap, stage, peer_litdata.format_of, peer_litdata.IN_JSON, "LitData", as_json
         ):
             item = peer_litdata.encode_item(formats, [sample[n] for n in names])
             if items and held + len(item) > limit:
@@ -174,9 +215,16 @@ def export_mds(
     Columns: int as ``int``, float as ``float64``, str, bytes, numpy arrays (and torch
     tensors, which MDS has no encoding for: they read back as numpy arrays) as ``ndarray``,
     numpy scalars as their dtype's encoding, bool, None, lists and dicts as ``json``.
-    Every sample needs the fields of the first, each of one type."""
+    Every sample needs the fields of the first, each of one type (or of
+    types ``json`` holds: that field is then written as ``json``)."""
     storage = _target(dest, storage_options)
     limit = parse_size(size_limit)
+    return _widening(storage, lambda as_json: _mds(snap, storage, limit, progress, as_json))
+
+
+def _mds(
+    snap: Snapshot, storage: Storage, limit: int, progress: ProgressArg, as_json: frozenset[str]
+) -> Export:
     with Progress.of(progress).stage("export mds", len(snap), "samples") as stage:
         out = _Writer(storage, snap, "mds", stage)
         shards: list[dict[str, Any]] = []
@@ -195,7 +243,9 @@ def export_mds(
             pending, held = [], 0
 
         count = 0
-        for _number, names, kinds, sample in _typed(snap, stage, peer_mds.encoding_of, "MDS"):
+        for _number, names, kinds, sample in _typed(
+            snap, stage, peer_mds.encoding_of, peer_mds.IN_JSON, "MDS", as_json
+        ):
             if config is None:
                 order = sorted(range(len(names)), key=lambda i: names[i])
                 config = peer_mds.shard_config(

@@ -112,6 +112,14 @@ def litdata_classic_expected(i: int, folder: Path) -> dict[str, Any]:
     return out
 
 
+def litdata_image_files(i: int) -> dict[str, Any]:
+    """Images handed over as ``litdata.Image`` of a file: LitData's ``image`` serializer
+    stores the file's bytes (``image:png``, ``image:jpeg``)."""
+    folder = Path(os.environ[_IMAGES])
+    return {"id": i, "png": litdata.Image(path=str(folder / f"img{i}.png")),
+            "jpg": litdata.Image(path=str(folder / f"img{i}.jpeg"))}  # fmt: skip
+
+
 def litdata_pickled(i: int) -> dict[str, Any]:
     return {"i": i, "odd": {i, i + 1}}  # a set: LitData pickles it
 
@@ -295,6 +303,18 @@ def test_litdata_items_of_plain_values_and_files_come_in_as_columns(tmp_path: Pa
         dest = str(tmp_path / f"st{workers}")
         txstore.import_litdata(out, dest, num_workers=workers, progress=False)
         _same_samples(txstore.open(dest).snapshot(), want)
+
+
+def test_litdata_image_files_come_in_as_their_bytes(tmp_path: Path, images: Path):
+    out = tmp_path / "ds"
+    litdata.optimize(fn=litdata_image_files, inputs=list(range(N)), output_dir=str(out),
+                     chunk_bytes="4KB", num_workers=1)  # fmt: skip
+    formats = json.loads((out / "index.json").read_text())["config"]["data_format"]
+    assert {f for f in formats if f.startswith("image:")} == {"image:png", "image:jpeg"}
+    txstore.import_litdata(out, str(tmp_path / "st"), num_workers=1, progress=False)
+    want = [{"id": i, "png": (images / f"img{i}.png").read_bytes(),
+             "jpg": (images / f"img{i}.jpeg").read_bytes()} for i in range(N)]  # fmt: skip
+    _same_samples(txstore.open(str(tmp_path / "st")).snapshot(), want)
 
 
 def test_litdata_items_with_a_bad_string_are_corrupt(tmp_path: Path, images: Path):
@@ -554,6 +574,30 @@ def test_an_mds_dataset_imported_exports_back_readable_by_mds(mds_dir: Path, tmp
                 assert type(g[k]) is np.float64
                 g[k] = float(g[k])
     _same_samples(got, want)
+
+
+def test_mds_list_encodings_and_a_dtype_only_ndarray_import(tmp_path: Path, images: Path):
+    """MDSWriter's list[png], list[pil], jpegarray (jpeg_array's other name) and an ndarray
+    of a dtype alone (its shape per sample) come in as lists of PNG bytes, of pixel arrays,
+    of the bytes given, and arrays."""
+    streaming = _streaming()
+    columns = {"id": "int", "pngs": "list[png]", "pils": "list[pil]", "ja": "jpegarray",
+               "nd": "ndarray:uint16"}  # fmt: skip
+    written, want = [], []
+    for i in range(12):
+        jpeg = (images / f"img{i % N}.jpeg").read_bytes()
+        nd = np.arange(i + 1, dtype=np.uint16).reshape(1, -1) * 300
+        written.append({"id": i, "pngs": [Image.open(images / f"img{i % N}.png")] * (i % 3 + 1),
+                        "pils": [Image.fromarray(_pixels(i)), Image.fromarray(_pixels(i + 1))],
+                        "ja": [jpeg], "nd": nd})  # fmt: skip
+        want.append({"id": i, "pngs": [_png(images / f"img{i % N}.png")] * (i % 3 + 1),
+                     "pils": [_pixels(i), _pixels(i + 1)], "ja": [jpeg], "nd": nd})  # fmt: skip
+    out = tmp_path / "ds"
+    with streaming.MDSWriter(out=str(out), columns=columns, size_limit=8192) as writer:
+        for row in written:
+            writer.write(row)
+    txstore.import_mds(out, str(tmp_path / "st"), num_workers=1, progress=False)
+    _same_samples(txstore.open(str(tmp_path / "st")).snapshot(), want)
 
 
 def test_mds_compressed_shards(tmp_path: Path, images: Path):

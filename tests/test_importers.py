@@ -366,6 +366,43 @@ def test_litdata_import_from_an_object_store(litdata_dir: Path, images: Path, tm
     _same_samples(snap, [litdata_expected(i, images) for i in range(N)])
 
 
+def _copy_out(uri: str, options: dict[str, Any] | None, folder: Path) -> None:
+    from txstore.storage import open_storage
+
+    storage = open_storage(uri, options)
+    for info in storage.list(""):
+        target = folder / info.key
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(storage.read(info.key))
+
+
+def test_mds_import_from_and_exports_to_an_object_store(
+    mds_dir: Path, images: Path, tmp_path: Path, s3_server: Any
+):
+    """An MDS dataset in S3 imported into a store in S3; the store exported to S3 as MDS and
+    as LitData, each folder read by the peer's own reader (copied down: the readers' own S3
+    settings are not under test)."""
+    bucket = s3_server.new_bucket()
+    src, dest = f"s3://{bucket}/mds/ds", f"s3://{bucket}/stores/st"
+    _copy_into(mds_dir, src, s3_server.options)
+    options = s3_server.options
+    txstore.import_mds(src, dest, src_storage_options=options, storage_options=options,
+                       num_workers=2, progress=False)  # fmt: skip
+    snap = txstore.open(dest, storage_options=s3_server.options).snapshot()
+    _same_samples(snap, _mds_rows(images, N)[1])
+    plain = snap.select(["int", "s", "b", "jpg"])
+    plain.export_mds(f"s3://{bucket}/out/mds", storage_options=s3_server.options,
+                     size_limit=4096, progress=False)  # fmt: skip
+    plain.export_litdata(f"s3://{bucket}/out/lit", storage_options=s3_server.options,
+                         chunk_bytes=4096, progress=False)  # fmt: skip
+    _copy_out(f"s3://{bucket}/out/mds", s3_server.options, tmp_path / "mds")
+    _copy_out(f"s3://{bucket}/out/lit", s3_server.options, tmp_path / "lit")
+    want = [dict(s) for s in plain]
+    theirs = _streaming().StreamingDataset(local=str(tmp_path / "mds"), batch_size=1)
+    _same_samples([theirs[i] for i in range(len(theirs))], want)
+    _same_samples(list(litdata.StreamingDataset(str(tmp_path / "lit"))), want)
+
+
 def test_import_modes_are_optimizes(litdata_dir: Path, images: Path, tmp_path: Path):
     dest = str(tmp_path / "st")
     want = [litdata_expected(i, images) for i in range(N)]

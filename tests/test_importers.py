@@ -803,6 +803,47 @@ def test_parquet_export_reads_back_in_pyarrow(tmp_path: Path):
     assert table.to_pylist() == [{"score": None, **r} for r in rows]
 
 
+def test_parquet_export_of_arrays_bytes_and_nested_values_reads_back(tmp_path: Path):
+    """Arrays of one shape (fixed-size lists), bytes, lists and dicts go out as Arrow types
+    (docs/arrow.md) that pyarrow reads back to the same values; an export of one field
+    holds that column alone."""
+    rows = [
+        {"id": i, "blob": bytes([i]) * (i % 5), "emb": np.full((2, 3), i / 4, np.float32),
+         "tags": [f"t{i}"] * (i % 3), "meta": {"w": i, "name": f"n{i}"}}
+        for i in range(40)
+    ]  # fmt: skip
+    store = txstore.create(str(tmp_path / "st"), chunk_bytes=1024)
+    store.append(rows)
+    store.snapshot().export_parquet(str(tmp_path / "out"), progress=False)
+    table = pads.dataset(str(tmp_path / "out"), format="parquet").to_table()
+    assert pa.types.is_fixed_size_list(table.schema.field("emb").type)
+    for got, want in zip(table.to_pylist(), rows, strict=True):
+        emb = np.array(got.pop("emb"), np.float32).reshape(2, 3)
+        assert np.array_equal(emb, want["emb"])
+        assert got == {k: v for k, v in want.items() if k != "emb"}
+    store.snapshot().export_parquet(str(tmp_path / "ids"), fields=["id"], progress=False)
+    ids = pads.dataset(str(tmp_path / "ids"), format="parquet").to_table()
+    assert ids.column_names == ["id"] and ids.column("id").to_pylist() == list(range(40))
+
+
+def test_mds_export_of_tensors_and_missing_values_reads_back(tmp_path: Path):
+    """Torch tensors go out as MDS ndarrays (MDS has no tensor encoding) of the same dtype,
+    shape and values; a field with values and Nones as json."""
+    streaming = _streaming()
+    rows = [{"id": i, "t": torch.arange(i + 1, dtype=torch.int32).reshape(1, -1),
+             "maybe": None if i % 2 else [i, "x"]} for i in range(20)]  # fmt: skip
+    store = txstore.create(str(tmp_path / "st"))
+    store.append(rows)
+    store.snapshot().export_mds(str(tmp_path / "out"), size_limit=512, progress=False)
+    theirs = streaming.StreamingDataset(local=str(tmp_path / "out"), batch_size=1)
+    got = [theirs[i] for i in range(len(theirs))]
+    assert len(got) == 20
+    for g, r in zip(got, rows, strict=True):
+        assert g["id"] == r["id"] and g["maybe"] == r["maybe"]
+        assert isinstance(g["t"], np.ndarray) and np.array_equal(g["t"], r["t"].numpy())
+        assert g["t"].dtype == np.int32 and g["t"].shape == tuple(r["t"].shape)
+
+
 # -- the command line ------------------------------------------------------------------
 
 

@@ -403,6 +403,33 @@ def test_mds_import_from_and_exports_to_an_object_store(
     _same_samples(list(litdata.StreamingDataset(str(tmp_path / "lit"))), want)
 
 
+def test_imports_from_gcs_and_azure(
+    litdata_dir: Path, mds_dir: Path, images: Path, tmp_path: Path, gcs_server: Any,
+    azurite_server: Any,
+):  # fmt: skip
+    """Each importer reads through the storage layer: Parquet files from GCS and an MDS
+    dataset from Azure (emulators as real servers, their own clients), LitData from each."""
+    rows = _parquet_files(tmp_path / "pq")
+    gcs = f"gs://{gcs_server.new_bucket()}"
+    az = f"az://{azurite_server.new_container()}"
+    _copy_into(tmp_path / "pq", f"{gcs}/pq", gcs_server.options)
+    _copy_into(mds_dir, f"{az}/mds", azurite_server.options)
+    _copy_into(litdata_dir, f"{gcs}/lit", gcs_server.options)
+    _copy_into(litdata_dir, f"{az}/lit", azurite_server.options)
+    txstore.import_parquet(f"{gcs}/pq/part-*.parquet", str(tmp_path / "a"),
+                           src_storage_options=gcs_server.options, progress=False)  # fmt: skip
+    _same_samples(txstore.open(str(tmp_path / "a")).snapshot(), rows)
+    txstore.import_mds(f"{az}/mds", str(tmp_path / "b"),
+                       src_storage_options=azurite_server.options, progress=False)  # fmt: skip
+    _same_samples(txstore.open(str(tmp_path / "b")).snapshot(), _mds_rows(images, N)[1])
+    want = [litdata_expected(i, images) for i in range(N)]
+    for name, uri, options in (("c", f"{gcs}/lit", gcs_server.options),
+                               ("d", f"{az}/lit", azurite_server.options)):  # fmt: skip
+        txstore.import_litdata(uri, str(tmp_path / name), src_storage_options=options,
+                               num_workers=2, progress=False)  # fmt: skip
+        _same_samples(txstore.open(str(tmp_path / name)).snapshot(), want)
+
+
 def test_import_modes_are_optimizes(litdata_dir: Path, images: Path, tmp_path: Path):
     dest = str(tmp_path / "st")
     want = [litdata_expected(i, images) for i in range(N)]

@@ -1093,7 +1093,11 @@ def ray_section(report: Report) -> str:
         "without reading), `disk alone` (the blocks' bytes written and fsynced, no Ray) "
         "and, where measured, `ray + disk` (a sink that writes and fsyncs the bytes of the "
         "blocks Ray gives it, a chunk's worth a task as txstore's sink asks); a write takes "
-        "at least the longest of these, a read at least Ray's.\n",
+        "at least the longest of these, a read at least Ray's. Each write's output is "
+        "deleted before the next, after an untimed write of as many bytes, so that each "
+        "finds the blocks the one before it freed (on the bench VM, writes to blocks never "
+        "written before took about 3x as long), and the reads read one store written "
+        "once.\n",
         table(["way", "face", "s", "rows/s"], rows) + "\n",
         table(["way", "txstore ÷ rows", "floor ÷ rows", "target", ""], verdicts) + "\n",
         run_line([report]) + "\n",

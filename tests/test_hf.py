@@ -143,6 +143,11 @@ def test_a_dataset_appends_its_rows_in_its_order_as_arrow_stores_them(tmp_path):
     before = len(st.snapshot())
     st.append(ds.select([]))
     assert len(st.snapshot()) == before
+    # A DatasetDict (a dict of splits) is refused, naming a split, the store unchanged.
+    version = st.version
+    with pytest.raises(txstore.EncodeError, match=r"DatasetDict.*'train'.*samples\['train'\]"):
+        st.append(datasets.DatasetDict({"train": ds}))
+    assert st.version == version
 
 
 def test_a_store_read_as_the_interpreter_exits_leaves_no_error_behind(tmp_path):

@@ -516,6 +516,11 @@ def dict_columns(columns: dict[Any, Any], position: int) -> ColumnBatch:
     for name, column in columns.items():
         if isinstance(column, list | tuple | np.ndarray) or _is_arrow(column):
             lengths[name] = len(column)
+        elif _is_hf(column):
+            raise EncodeError(
+                f"a dict of datasets (a DatasetDict: a dataset per split) holds {name!r}: "
+                f"append one of them, such as samples[{name!r}]"
+            )
         else:
             raise EncodeError(
                 f"a dict given as samples is a dict of columns (N values each: N samples), "

@@ -150,6 +150,28 @@ def test_a_dataset_appends_its_rows_in_its_order_as_arrow_stores_them(tmp_path):
     assert st.version == version
 
 
+def test_a_dataset_of_large_rows_is_appended_a_few_megabytes_at_a_time(tmp_path):
+    """After a shuffle each table of rows is a gather (a copy): of large rows only as many
+    as make about APPEND_BYTES go at once (16,384 rows of 1 MiB would be 16 GiB)."""
+    import datasets
+
+    from txstore.format import hf
+
+    rows = 300
+    blob = b"\x07" * (1 << 20)
+    ds = datasets.Dataset.from_dict({"id": list(range(rows)), "blob": [blob] * rows})
+    shuffled = ds.shuffle(seed=1)
+    per_table = hf.rows_per_table(shuffled)
+    assert 32 <= per_table <= hf.APPEND_BYTES >> 20
+    sizes = [t.num_rows for t in hf.arrow_tables(shuffled)]
+    assert max(sizes) == per_table and sum(sizes) == rows
+    assert hf.rows_per_table(datasets.Dataset.from_dict({"id": list(range(10))})) == hf.APPEND_ROWS
+    assert hf.rows_per_table(ds.to_iterable_dataset()) == hf.STREAMED_ROWS
+    st = txstore.create(str(tmp_path / "st"))
+    st.append(shuffled)
+    assert [s["id"] for s in st.snapshot()] == list(shuffled["id"])
+
+
 def test_a_store_read_as_the_interpreter_exits_leaves_no_error_behind(tmp_path):
     """A chunk's kept map still alive as the interpreter exits (here after a dataset was
     appended) is closed then without an error: the storage module's globals are gone by

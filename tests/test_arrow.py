@@ -207,6 +207,20 @@ def test_views_and_arrows_own_tensors_read_back_as_their_values(tmp_path: Path) 
     assert len(got) == 15
 
 
+def test_run_end_encoded_bool8_and_json_columns_read_back_as_their_values(tmp_path: Path) -> None:
+    pc = pytest.importorskip("pyarrow.compute")
+    store = _store(tmp_path)
+    ree = pc.run_end_encode(pa.array([3, 3, None, 7, 7, 7]))
+    bool8 = pa.ExtensionArray.from_storage(pa.bool8(), pa.array([1, 0, None, -2, 0, 1], pa.int8()))
+    text = ['{"a": 1}', "[1, 2]", None, "null", '"s"', "3.5"]
+    json = pa.ExtensionArray.from_storage(pa.json_(), pa.array(text))
+    store.append(pa.table({"ree": ree, "b8": bool8, "json": json}))
+    got = store.snapshot()[:]
+    assert [s.get("ree") for s in got] == [3, 3, None, 7, 7, 7]
+    assert [s.get("b8") for s in got] == [True, False, None, True, False, True]
+    assert [s.get("json") for s in got] == text
+
+
 def test_other_extension_and_union_types_are_refused_naming_the_column(tmp_path: Path) -> None:
     store = _store(tmp_path)
     with pytest.raises(EncodeError, match=r"column 'u'.*uuid"):

@@ -85,6 +85,8 @@ def encode_array(arr: Any, name: str, position: int, depth: int = 0) -> Encoded:
         return _extension(arr, name, position)
     if pa.types.is_dictionary(t):
         return encode_array(arr.dictionary_decode(), name, position, depth)
+    if pa.types.is_run_end_encoded(t):
+        return encode_array(pyarrow.compute.run_end_decode(arr), name, position, depth)
     if pa.types.is_null(t):
         return col.nulls(n)
     valid = _valid(arr)
@@ -168,11 +170,20 @@ def _list_view_as_list(arr: Any) -> Any:
     return pa.LargeListArray.from_arrays(starts, values, mask=mask)
 
 
+# Arrow's bool8 and json extension types (pyarrow 18 and 19; an empty tuple before them).
+_BOOL8: Any = getattr(pa, "Bool8Type", ())
+_JSON: Any = getattr(pa, "JsonType", ())
+
+
 def _extension(arr: Any, name: str, position: int) -> Encoded:
     """Extension arrays of tensors: Arrow's fixed_shape_tensor and ones (such as Ray Data's)
     whose ``to_numpy`` gives the rows as arrays; any other extension type is refused."""
     t = arr.type
     values = None
+    if isinstance(t, _BOOL8):  # bools stored as int8: any other than 0 is true
+        return encode_array(arr.storage.cast(pa.bool_()), name, position)
+    if isinstance(t, _JSON):  # JSON text: the text itself
+        return encode_array(arr.storage, name, position)
     if isinstance(t, pa.FixedShapeTensorType):
         if arr.null_count:
             raise _refuse(name, t, ": a null tensor")

@@ -606,19 +606,18 @@ def _batches(items: Iterator[Any], position: int) -> Iterator[ColumnBatch]:
             # select, shuffle or filter), features as Arrow stores them.
             from . import hf
 
-            for table in hf.arrow_tables(item):
-                for batch in arrow.batches(table, position):
-                    position += batch.num_rows
-                    yield batch
-            continue
-        if not _is_arrow(item):
+            tables = hf.arrow_tables(item)
+        elif _is_arrow(item):
+            tables = iter([item])
+        else:
             raise EncodeError(
                 f"an iterable of tables holds a {type(item).__name__} after {position} "
                 "samples: give tables, record batches, data frames or dicts of columns only"
             )
-        for batch in arrow.batches(item, position):
-            position += batch.num_rows
-            yield batch
+        for table in tables:
+            for batch in arrow.batches(table, position):
+                position += batch.num_rows
+                yield batch
 
 
 def decoded(column: Encoded) -> list[Any]:

@@ -117,7 +117,7 @@ def _typed(
                 if found != expected:
                     if found is None:
                         raise _cannot(what, number, name, sample[name])
-                    if expected in in_json and found in in_json and name not in as_json:
+                    if expected in in_json and found in in_json:  # never one of as_json's
                         raise _Widen(name)
                     raise EncodeError(
                         f"sample {number}, field {name!r}: a value written as {found!r} where "

@@ -15,9 +15,9 @@ batch consumed (``iter_batches(batch_format="pyarrow")``). Each way is timed for
 - floors: ``ray alone``, a sink that only takes its blocks and a source whose tasks make
   blocks of as many rows and bytes without reading anything; ``disk alone``, the table's
   Arrow buffers written to files and fsynced, outside Ray; ``ray + disk``, a sink that does
-  that with the blocks Ray gives it, a chunk's worth (64 MiB) a task as txstore's sink asks
-  (Ray ran such tasks one at a time on 2 CPUs). A write takes at least the longest of the
-  three, a read at least Ray's: the most any face could reach here.
+  that with the blocks Ray gives it, as many a task as txstore's sink asks (two chunks'
+  worth, 128 MiB; Ray ran such tasks one at a time on 2 CPUs). A write takes at least the
+  longest of the three, a read at least Ray's: the most any face could reach here.
 
 The figure is rows/s, and txstore's as a multiple of the row-by-row faces' (target: at
 least 3x both ways), with the floor's beside it. Ray runs locally with 2 CPUs
@@ -154,7 +154,7 @@ def _floor_faces(payload: int) -> tuple[type, type, type]:
 
     class DiskDatasink(Datasink[int]):
         """Writes its blocks' Arrow buffers to new files and fsyncs them, given blocks as
-        txstore's sink is (a chunk's worth a task): the disk's work, as Ray schedules it."""
+        txstore's sink is (as many bytes a task): the disk's work, as Ray schedules it."""
 
         def __init__(self, folder: str, min_bytes: int) -> None:
             self.folder, self.min_bytes = folder, min_bytes
@@ -226,7 +226,7 @@ def main() -> None:
     import pyarrow as pa
     import ray
 
-    from txstore.interop.ray import TxstoreDatasink, TxstoreDatasource
+    from txstore.interop.ray import TASK_CHUNKS, TxstoreDatasink, TxstoreDatasource
 
     repeat = 1 if args.quick else args.repeat
     workload = scaled(WORKLOADS[0], args.quick)
@@ -246,7 +246,7 @@ def main() -> None:
             "txstore": lambda uri: TxstoreDatasink(uri),
             "rows": lambda uri: rows_sink(uri),
             "ray alone": lambda uri: null_sink(),
-            "ray + disk": lambda uri: disk_sink(uri, CHUNK_BYTES),
+            "ray + disk": lambda uri: disk_sink(uri, TASK_CHUNKS * CHUNK_BYTES),
         }
         sources: dict[str, Callable[[Any], Any]] = {
             "txstore": lambda snap: TxstoreDatasource(snap),

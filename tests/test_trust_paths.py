@@ -398,6 +398,33 @@ def test_good_part_from_another_process_commits_beside_a_refused_one(tmp_path: P
     assert samples(txstore.open(backend.uri)) == before + [(50, i) for i in range(300)]
 
 
+def test_parts_added_together_are_checked_together_and_added_all_or_none(
+    backend: Backend,
+) -> None:
+    """``add(*parts)`` (a driver handed many parts): one damaged part, or one named twice,
+    refuses the call and adds none of them; sound ones commit in the order given."""
+    store = make(backend)
+    before = samples(store)
+    storage = raw(backend)
+    with store.transaction() as txn:
+        parts = [foreign_part(txn, n) for n in (5, 7, 9)]
+        damaged = _flip_a_byte(storage, foreign_part(txn, 4))
+        with pytest.raises(CorruptError, match="does not match its digest"):
+            txn.add(parts[0], damaged, parts[1])
+        assert txn.num_samples == 0
+        with pytest.raises(CorruptError, match="another part names already"):
+            txn.add(parts[0], parts[1], parts[0])
+        assert txn.num_samples == 0
+        txn.add(parts[2], parts[0])
+        with pytest.raises(CorruptError, match="another part names already"):
+            txn.add(parts[1], parts[2])
+        txn.add(parts[1])
+    assert txn.result is not None and txn.result.num_samples == 21
+    assert samples(txstore.open(backend.uri, **backend.kwargs())) == before + [
+        (100, i) for n in (9, 5, 7) for i in range(n)
+    ]
+
+
 def test_a_part_of_another_transaction_is_corrupt(backend: Backend) -> None:
     store = make(backend)
     part = foreign_part(store.transaction())

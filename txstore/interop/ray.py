@@ -24,6 +24,9 @@ from ..store.core import Commit, open_or_create
 from ..store.snapshot import ChunkReader, Snapshot
 from ..store.staging import StagedPart, StagedWriter, Transaction, TransactionHandle
 
+#: Chunks' worth of blocks each write task is given at least.
+TASK_CHUNKS = 2
+
 
 def _tables(blocks: Iterable[Block]) -> Iterator[Any]:
     """Each block as an Arrow table (a pandas block through Ray's own conversion); Ray's
@@ -52,9 +55,11 @@ class TxstoreDatasink(Datasink[str]):
 
     @property
     def min_bytes_per_write(self) -> int:
-        # A write task writes its own chunks and ends with a part-filled one: given a chunk's
-        # worth of blocks at least, a task writes full chunks, not one small chunk a block.
-        return self._chunk_bytes
+        # A write task writes its own chunks and ends with a part-filled one, and each task
+        # costs Ray tens of milliseconds to schedule: given two chunks' worth of blocks at
+        # least (with the default 64 MiB chunks, Ray's largest default block), a task writes
+        # full chunks, at most a third of them part-filled, not one small chunk a block.
+        return TASK_CHUNKS * self._chunk_bytes
 
     def __getstate__(self) -> dict[str, Any]:
         # Write tasks need only the handle, never the driver's store and transaction.
@@ -71,8 +76,8 @@ class TxstoreDatasink(Datasink[str]):
 
     def on_write_complete(self, write_result: Any) -> None:
         assert self._txn is not None, "on_write_complete runs on the driver"
-        for part in write_result.write_returns:
-            self._txn.add(StagedPart.from_json(part))
+        # All together: their files are read back at once, a few at a time.
+        self._txn.add(*(StagedPart.from_json(part) for part in write_result.write_returns))
         self.result = self._txn.commit()
 
     def get_name(self) -> str:

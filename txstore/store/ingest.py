@@ -442,11 +442,14 @@ def optimize(
             )
             # The parts were written for this handle: this store, its config.
             txn = store.transaction(message=text, txn_id=txn_id, handle=handle)
-        for part in parts:
-            if any(part is p for p in own):
-                txn.adopt(part)
+        # In order; the workers' parts are read back and checked first, each run of them
+        # together.
+        for mine, run in groupby(parts, key=lambda part: any(part is p for p in own)):
+            if mine:
+                for part in run:
+                    txn.adopt(part)
             else:
-                txn.add(part)  # a worker's part is read back and checked first
+                txn.add(*run)
         result = txn.commit(replace=replace)
         failed = False
         return result

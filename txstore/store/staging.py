@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import uuid
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -45,13 +45,15 @@ from .writer import ChunkWriter
 _CHECK_THREADS = 4
 
 
-def check_files(storage: Storage, part: StagedPart) -> None:
-    """Every file ``part`` names exists in ``storage`` as the part describes it: its size, the
-    CRC-32 of its footer, the digest of the rest, and the footer's sample count; CorruptError
-    otherwise. One read of each file, checked in one pass."""
-    where = where_part(part)
+def check_files(storage: Storage, parts: Sequence[StagedPart]) -> None:
+    """Every file the ``parts`` name exists in ``storage`` as its part describes it: its size,
+    the CRC-32 of its footer, the digest of the rest, and the footer's sample count;
+    CorruptError otherwise. One read of each file, checked in one pass; the files of all the
+    parts are read together, a few at a time."""
+    files = [(where_part(part), chunk) for part in parts for chunk in part.chunks]
 
-    def check(chunk: ChunkRef) -> None:
+    def check(file: tuple[str, ChunkRef]) -> None:
+        where, chunk = file
         at = f"{where}: chunk {storage.uri}/{chunk.path}"
         try:
             data = storage.read_buffer(chunk.path)
@@ -69,12 +71,12 @@ def check_files(storage: Storage, part: StagedPart) -> None:
         if found != chunk.num_samples:
             raise CorruptError(f"{at} holds {found} samples, the part says {chunk.num_samples}")
 
-    if len(part.chunks) <= 1:
-        for chunk in part.chunks:
-            check(chunk)
+    if len(files) <= 1:
+        for file in files:
+            check(file)
         return
-    with ThreadPoolExecutor(max_workers=min(_CHECK_THREADS, len(part.chunks))) as pool:
-        for _ in pool.map(check, part.chunks):  # raises the first failure
+    with ThreadPoolExecutor(max_workers=min(_CHECK_THREADS, len(files))) as pool:
+        for _ in pool.map(check, files):  # raises the first failure
             pass
 
 
@@ -181,29 +183,35 @@ class Transaction:
         self._made(part)
         self.add(part)
 
-    def _check(self, part: StagedPart) -> None:
+    def _check(self, parts: Sequence[StagedPart]) -> None:
         """Refuse a part not written for this transaction, or not as it says (CorruptError);
-        a part handed over has each of its files read back."""
-        if not isinstance(part, StagedPart):
-            raise TypeError(f"a StagedPart is needed, not {type(part).__name__}")
-        if part.staging_id != self.handle.staging_id:
-            raise CorruptError(f"{where_part(part)} was written for another transaction")
-        check_part(part)
-        if not any(part is own for own in self._own):
-            check_files(self._ctx.storage, part)
+        the parts handed over have each of their files read back."""
+        for part in parts:
+            if not isinstance(part, StagedPart):
+                raise TypeError(f"a StagedPart is needed, not {type(part).__name__}")
+            if part.staging_id != self.handle.staging_id:
+                raise CorruptError(f"{where_part(part)} was written for another transaction")
+            check_part(part)
+        check_files(self._ctx.storage, [p for p in parts if not any(p is own for own in self._own)])
 
     def _checked(self, part: StagedPart) -> bool:
         return all(c.path in self._known for c in part.chunks)
 
-    def add(self, part: StagedPart) -> None:
-        """Add a part to commit; CorruptError (and nothing added) unless it passes the check."""
-        self._check(part)
-        paths = [c.path for c in part.chunks]
-        if not self._added.isdisjoint(paths):  # committed twice, its samples would repeat
-            raise CorruptError(f"{where_part(part)} names a chunk another part names already")
-        self._added.update(paths)
-        self._known.update(paths)
-        self._parts.append(part)
+    def add(self, *parts: StagedPart) -> None:
+        """Add parts to commit, in order; CorruptError (and none of them added) unless every
+        one passes the check. Parts added together have their files read back together (a
+        driver handed many parts at once: ``txn.add(*parts)``)."""
+        self._check(parts)
+        added: set[str] = set()
+        for part in parts:
+            paths = [c.path for c in part.chunks]
+            if not (self._added.isdisjoint(paths) and added.isdisjoint(paths)):
+                # committed twice, its samples would repeat
+                raise CorruptError(f"{where_part(part)} names a chunk another part names already")
+            added.update(paths)
+        self._added.update(added)
+        self._known.update(added)
+        self._parts.extend(parts)
 
     def write(self, samples: Iterable[dict[str, Any]]) -> StagedPart:
         """Write ``samples`` here and add them: a convenience for one-process use."""
@@ -227,10 +235,10 @@ class Transaction:
         since the transaction began; an append likewise refuses to land on a rollback)."""
         if self.result is not None:
             raise TransactionClosedError("this transaction is committed already")
-        for part in self._parts:
-            if not self._checked(part):  # put in place without ``add``
-                self._check(part)
-                self._known.update(c.path for c in part.chunks)
+        unchecked = [p for p in self._parts if not self._checked(p)]  # put without ``add``
+        if unchecked:
+            self._check(unchecked)
+            self._known.update(c.path for p in unchecked for c in p.chunks)
         chunks = [c for part in self._parts for c in part.chunks]
         try:
             if replace:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from itertools import pairwise
 from pathlib import Path
@@ -138,6 +139,53 @@ def test_an_input_is_taken_only_once_what_came_before_is_written(tmp_path: Path)
     optimize(reusing, range(30), out, progress=False)
     want = [k for i in range(30) for k in ([5 * i] if i % 3 == 0 else range(5 * i, 5 * i + 5))]
     assert [s["id"] for s in txstore.open(out).snapshot()] == want
+
+
+class _Reader:
+    """A function that says it may read ahead (as the importers' readers do): it notes the
+    thread each input was read on and which inputs it had been asked for by then."""
+
+    _txstore_reads_ahead = True
+
+    def __init__(self, fail_at: int = -1) -> None:
+        self.calls: list[tuple[int, bool]] = []
+        self.fail_at = fail_at
+
+    def __call__(self, i: int) -> list[dict[str, Any]]:
+        self.calls.append((i, threading.current_thread() is threading.main_thread()))
+        if i == self.fail_at:
+            raise ValueError("unreadable")
+        return [{"id": 3 * i + k, "pad": bytes([i % 256]) * 3000} for k in range(3)]
+
+
+def test_a_function_that_may_read_ahead_is_called_on_another_thread_in_order(
+    tmp_path: Path,
+) -> None:
+    reader = _Reader()
+    out = str(tmp_path / "store")
+    optimize(reader, range(50), out, chunk_bytes="64KB", progress=False)
+    assert [s["id"] for s in txstore.open(out).snapshot()] == list(range(150))
+    assert [i for i, _ in reader.calls] == list(range(50))  # each input once, in order
+    assert not any(on_main for _, on_main in reader.calls)
+    # Any other function is called on the caller's thread only.
+    calls: list[bool] = []
+
+    def plain(i: int) -> dict[str, Any]:
+        calls.append(threading.current_thread() is threading.main_thread())
+        return {"id": i}
+
+    optimize(plain, range(20), str(tmp_path / "plain"), progress=False)
+    assert calls == [True] * 20
+
+
+def test_a_reader_that_fails_ahead_names_its_input_and_commits_nothing(tmp_path: Path) -> None:
+    out = str(tmp_path / "store")
+    reader = _Reader(fail_at=17)
+    with pytest.raises(InputError, match=r"input 17 .*unreadable") as info:
+        optimize(reader, range(50), out, chunk_bytes="64KB", progress=False)
+    assert info.value.index == 17
+    assert not os.path.exists(out)  # a failed call leaves no store behind
+    assert max(i for i, _ in reader.calls) <= 18  # read no further than one input ahead
 
 
 def test_an_input_whose_table_cannot_be_stored_is_an_encode_error_naming_it(

@@ -117,6 +117,8 @@ class _LitDataChunk:
     LitData stored as Arrow, and items of plain values and files in its own layout, as
     column batches over the file's bytes; others as dicts."""
 
+    _txstore_reads_ahead = True  # ingest.READS_AHEAD: the next chunk file is read meanwhile
+
     def __init__(self, uri: str, options: dict[str, Any] | None, config: dict[str, Any]) -> None:
         self.uri, self.options = uri, options
         self.layout = peer_litdata.Layout(config, f"{uri}/index.json")
@@ -195,6 +197,8 @@ def import_litdata(
 class _MdsShard:
     """Reads one MDS shard file into samples (the function ``optimize`` maps): a shard of
     ints, bytes and strs as one column batch over the file's bytes, others as dicts."""
+
+    _txstore_reads_ahead = True  # ingest.READS_AHEAD: the next shard is read meanwhile
 
     def __init__(self, uri: str, options: dict[str, Any] | None) -> None:
         self.uri, self.options = uri, options
@@ -365,6 +369,8 @@ def _parquet_file(storage: Storage, key: str, size: int) -> str | RangedFile:
 class _ParquetRowGroup:
     """Reads one row group of a Parquet file as column batches (the function ``optimize``
     maps), over the table Arrow read, which nothing changes."""
+
+    _txstore_reads_ahead = True  # ingest.READS_AHEAD: Arrow decodes the next group meanwhile
 
     def __init__(self, options: dict[str, Any] | None, columns: list[str] | None) -> None:
         self.options, self.columns = options, columns

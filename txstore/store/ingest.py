@@ -18,7 +18,7 @@ import re
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import FIRST_EXCEPTION, Future, wait
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from itertools import groupby
 from typing import Any
 
@@ -57,6 +57,17 @@ class _Stopped(Exception):
 
 #: What fn gave for one input: its samples and tables, and how many of them are tables.
 _Output = tuple[list[Any], int]
+
+
+#: Set (True) on a function ``optimize`` maps that may be called for the next input, on
+#: another thread, while the writer takes the samples of this one: it keeps no state between
+#: calls and never changes what it returned. The importers' readers are, and their reading
+#: (Arrow's Parquet decoding) lets go of the GIL, so the two overlap.
+READS_AHEAD = "_txstore_reads_ahead"
+
+
+def _reads_ahead(fn: Callable[[Any], Any]) -> bool:
+    return getattr(fn, READS_AHEAD, False) is True
 
 
 class _Samples:
@@ -119,27 +130,40 @@ class _Samples:
         # this process's own progress, input by input.
         every = 1 if isinstance(self.counter, Stage) else _REPORT_EVERY
         unreported, reported_at = 0, time.monotonic()
-        for index in range(self.start, stop):
-            if flag is not None and flag.value:
-                raise _Stopped
-            item = inputs[index]
-            output = self._call(fn, item, index)
-            self.index, self.first = index, taken
-            yield output
-            produced, tables = output
-            # A table (or data frame) fn returned holds as many samples as it has rows.
-            if tables:
-                taken += sum(len(p) if is_columns(p) else 1 for p in produced)
-            else:
-                taken += len(produced)
-            unreported += 1
-            if (
-                unreported >= every
-                or index == stop - 1
-                or time.monotonic() - reported_at >= _REPORT_SECONDS
-            ):
-                _report(self.counter, unreported)
-                unreported, reported_at = 0, time.monotonic()
+        ahead = _reads_ahead(fn) and stop - self.start > 1
+        pool = ThreadPoolExecutor(1, thread_name_prefix="txstore-read-ahead") if ahead else None
+        try:
+            next_output = (
+                pool.submit(self._call, fn, inputs[self.start], self.start) if pool else None
+            )
+            for index in range(self.start, stop):
+                if flag is not None and flag.value:
+                    raise _Stopped
+                if pool is None or next_output is None:
+                    output = self._call(fn, inputs[index], index)
+                else:
+                    output = next_output.result()
+                    if index + 1 < stop:  # read on while the writer takes this one
+                        next_output = pool.submit(self._call, fn, inputs[index + 1], index + 1)
+                self.index, self.first = index, taken
+                yield output
+                produced, tables = output
+                # A table (or data frame) fn returned holds as many samples as it has rows.
+                if tables:
+                    taken += sum(len(p) if is_columns(p) else 1 for p in produced)
+                else:
+                    taken += len(produced)
+                unreported += 1
+                if (
+                    unreported >= every
+                    or index == stop - 1
+                    or time.monotonic() - reported_at >= _REPORT_SECONDS
+                ):
+                    _report(self.counter, unreported)
+                    unreported, reported_at = 0, time.monotonic()
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
 
     @staticmethod
     def _call(fn: Callable[[Any], Any], item: Any, index: int) -> _Output:

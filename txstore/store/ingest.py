@@ -92,7 +92,8 @@ class _Samples:
         """The samples as ``StagedWriter.write`` takes them, in order: each table alone, and
         each stretch of samples (of one input or of several in a row) as one iterator.
         Nothing of an input is taken before the writer has added what came before it: fn
-        may reuse its buffers."""
+        may reuse its buffers (one marked ``READS_AHEAD`` is called for the next input
+        meanwhile, and promises not to)."""
         outputs = self._outputs()
         held: list[_Output] = []  # an input's output, taken to find it holds a table
 

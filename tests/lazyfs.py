@@ -10,7 +10,6 @@ it could not (``unavailable``), which the tests give as their skip reason.
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import shutil
 import subprocess
@@ -90,7 +89,7 @@ class LazyFS:
     def unmount(self) -> None:
         """Unmount and stop LazyFS (dropping what was not fsynced), also after a crash."""
         proc, self.proc = self.proc, None
-        if os.path.ismount(self.mnt) or _stale(self.mnt):
+        if _mounted(self.mnt):
             done = subprocess.run(["fusermount3", "-u", str(self.mnt)], capture_output=True)
             if done.returncode != 0:  # busy or broken: detach it at least
                 subprocess.run(["fusermount3", "-u", "-z", str(self.mnt)], capture_output=True)
@@ -100,6 +99,17 @@ class LazyFS:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(10)
+
+    def abandon(self) -> None:
+        """Kill LazyFS first, then unmount: for a LazyFS that stopped answering, whose mount
+        even a stat would wait on (killed, it leaves a mount that answers ENOTCONN)."""
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self.unmount()
+        # A new LazyFS starts its log afresh: the old one is kept beside it, to read.
+        with contextlib.suppress(FileNotFoundError):
+            self.log.replace(self.log.with_suffix(".abandoned.log"))
 
     def clear_cache(self) -> None:
         """Cut the power: drop every write that was not fsynced."""
@@ -171,10 +181,9 @@ class LazyFS:
         return text
 
 
-def _stale(path: Path) -> bool:
-    """A mount whose LazyFS died: stat fails with ENOTCONN."""
-    try:
-        os.stat(path)
-    except OSError as e:
-        return e.errno in (errno.ENOTCONN, errno.ECONNABORTED)
-    return False
+def _mounted(path: Path) -> bool:
+    """Whether something is mounted at ``path``, from the mount table: a stat of the mount
+    would wait on a LazyFS that stopped answering (a dead one answers ENOTCONN)."""
+    where = os.path.abspath(path)
+    with open("/proc/self/mountinfo") as table:
+        return any(line.split()[4].replace("\\040", " ") == where for line in table if line.strip())

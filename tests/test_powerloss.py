@@ -27,6 +27,9 @@ import select
 import signal
 import subprocess
 import sys
+import threading
+import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,11 +99,25 @@ def make_base(root: Path, op: str, samples: int) -> Base:
     return base
 
 
+class FileSystemStuck(Exception):
+    """LazyFS stopped answering: a thread of the case waits in the kernel for its answer.
+
+    LazyFS can deadlock on its own locks (seen once in a few hundred cases: a write waiting
+    for a file's lock with the cache's lock held, while an fsync and a create wait for the
+    cache's lock, and no thread holds the file's lock). Every FUSE request gets an answer
+    unless the daemon is stuck, so this is the harness failing, not the store."""
+
+
 class Children:
     """Runs each case in a child process forked from a server that has imported txstore."""
 
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen(
+    def __init__(self, timeout: float = CASE_TIMEOUT) -> None:
+        self.timeout = timeout  # for a case's answer
+        self.proc = self._start()
+
+    @staticmethod
+    def _start() -> subprocess.Popen[str]:
+        return subprocess.Popen(
             [sys.executable, "-m", "tests.powerloss_child"],
             cwd=REPO,
             stdin=subprocess.PIPE,
@@ -113,17 +130,35 @@ class Children:
         self, op: str, root: Path, cut: str, samples: int, variant: str
     ) -> tuple[list[dict[str, Any]], int]:
         """The case's JSON lines, and its exit code (-9: it killed itself at the cut)."""
+        if self.proc.poll() is not None:  # killed after a case that did not answer
+            self.proc = self._start()
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.proc.stdin.write(json.dumps([op, str(root), cut, variant, samples]) + "\n")
         self.proc.stdin.flush()
-        if not select.select([self.proc.stdout], [], [], CASE_TIMEOUT)[0]:
+        if not select.select([self.proc.stdout], [], [], self.timeout)[0]:
+            stuck = self.waiting_for_fuse()
             self.kill()
-            raise AssertionError(f"{op} {cut}: no answer after {CASE_TIMEOUT} s")
+            if stuck:
+                raise FileSystemStuck(f"{op} {cut}: {stuck} wait for LazyFS's answer")
+            raise AssertionError(f"{op} {cut}: no answer after {self.timeout} s")
         answer = self.proc.stdout.readline()  # the whole line: it is written at once
         if not answer:
             raise AssertionError(f"the case server died ({self.proc.wait()})")
         done = json.loads(answer)
         return [json.loads(line) for line in done["out"].splitlines()], done["code"]
+
+    def waiting_for_fuse(self) -> str:
+        """The threads of the running case blocked in the kernel on a FUSE request (its
+        wait channel), named; "" if none (or this kernel does not say)."""
+        found = []
+        server = f"/proc/{self.proc.pid}/task/{self.proc.pid}/children"
+        with contextlib.suppress(OSError):
+            for case in Path(server).read_text().split():
+                for task in Path(f"/proc/{case}/task").iterdir():
+                    with contextlib.suppress(OSError):
+                        if (task / "wchan").read_text().strip() == "request_wait_answer":
+                            found.append(f"thread {task.name} of case {case}")
+        return ", ".join(found)
 
     def close(self) -> None:
         assert self.proc.stdin is not None
@@ -132,11 +167,17 @@ class Children:
             self.proc.wait(30)
         except subprocess.TimeoutExpired:
             self.kill()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
 
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
 
 
 @pytest.fixture(scope="module")
@@ -211,7 +252,16 @@ def cut_case(
     """Run ``op`` to the cut, cut the power, check the real folder: (problems, child's lines)."""
     name = f"{op}-{variant}-{cut.replace(':', '-')}"
     base = make_base(fs.root / name, op, samples)
-    lines, code = children.run(op, fs.mnt / name, cut, samples, variant)
+    try:
+        lines, code = children.run(op, fs.mnt / name, cut, samples, variant)
+    except FileSystemStuck as stuck:
+        # Once, on a fresh mount and a fresh copy of the base: said, not hidden.
+        warnings.warn(f"{stuck}; the case runs again on a fresh LazyFS", stacklevel=1)
+        fs.abandon()
+        fs.mount()
+        name += "-again"
+        base = make_base(fs.root / name, op, samples)
+        lines, code = children.run(op, fs.mnt / name, cut, samples, variant)
     killed = code == -9
     if not killed and code != 0:
         raise AssertionError(f"{name}: the child failed ({code}): {lines}")
@@ -277,6 +327,48 @@ def test_lazyfs_crash_at_the_commit_point(
     with txstore.open(str(lazyfs.root / "store")) as store:
         assert (("a1", 0) in keys(store.snapshot())) == committed
     assert check(lazyfs.root / "store", "append", base, lines, samples) == []
+
+
+def test_a_case_whose_lazyfs_stops_answering_runs_again_on_a_fresh_mount(
+    lazyfs: LazyFS, samples: int
+) -> None:
+    """LazyFS stopped (as when it deadlocks): the case's first access waits for its answer,
+    the case is killed and runs again, once, on a fresh mount; it is said in a warning."""
+    children = Children(timeout=5)
+    try:
+        assert lazyfs.proc is not None
+        os.kill(lazyfs.proc.pid, signal.SIGSTOP)
+        with pytest.warns(UserWarning, match="wait for LazyFS's answer.*runs again"):
+            problems, lines = cut_case(lazyfs, children, "append", "count", samples)
+        assert [r["ack"] for r in lines if "ack" in r] == ["a0", "a1"]
+        assert problems == []
+    finally:
+        children.close()
+
+
+def test_a_case_that_hangs_by_itself_is_not_run_again(lazyfs: LazyFS, samples: int) -> None:
+    """A case that does not answer but waits for no file system (stopped here) fails."""
+    children = Children(timeout=3)
+    make_base(lazyfs.root / "store", "append", 20 * samples)
+    stopped: list[int] = []
+
+    def stop_the_case() -> None:
+        listing = Path(f"/proc/{children.proc.pid}/task/{children.proc.pid}/children")
+        deadline = time.monotonic() + 10
+        while not stopped and time.monotonic() < deadline:
+            for pid in listing.read_text().split():
+                os.kill(int(pid), signal.SIGSTOP)
+                stopped.append(int(pid))
+
+    stopper = threading.Thread(target=stop_the_case)
+    try:
+        stopper.start()
+        with pytest.raises(AssertionError, match="no answer after 3 s"):
+            children.run("append", lazyfs.mnt / "store", "count", 20 * samples, "good")
+        assert stopped, "the case ended before it could be stopped"
+    finally:
+        stopper.join()
+        children.close()
 
 
 # -- the check has teeth: broken backends are caught -----------------------------------------

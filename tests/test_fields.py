@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +90,40 @@ def test_projection_reads_only_the_fields_asked_for(tmp_path: Path) -> None:
     counter.moved = 0
     assert set(snap.select(["e"])[1234]) == {"e"}
     assert counter.moved < 10_000  # one block of one field, not the chunk
+
+
+def test_a_projection_of_most_of_a_file_reads_it_whole(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Fields that are most of a chunk's bytes (images beside their ids) are read as the
+    whole file, checked by its digest, not a range and a checksum per frame; a small field
+    alone is still read as its frames. Snapshot and StreamingDataset alike."""
+    store = txstore.create(str(tmp_path / "s"), chunk_bytes=300_000, compression=None)
+    store.append({"id": i, "label": i % 7, "jpeg": bytes([i % 256]) * 5000} for i in range(200))
+    snap = store.snapshot()
+    chunks = {c.path for c in snap.chunk_refs()}
+    assert len(chunks) > 1
+    caplog.set_level(logging.DEBUG, logger="txstore")
+
+    def reads() -> tuple[set[str], set[str]]:
+        """The chunk files read whole, and those read in ranges of frames, since last asked."""
+        whole, frames = set(), set()
+        for record in caplog.records:
+            found = re.fullmatch(r"reading \S+?/(chunks/\S+) bytes .*, (whole file|frames of .*)\)",
+                                 record.getMessage())  # fmt: skip
+            if found:
+                (whole if found.group(2) == "whole file" else frames).add(found.group(1))
+        caplog.clear()
+        return whole, frames
+
+    images = [s["jpeg"] for s in snap.select(["jpeg", "label"])]
+    assert images == [bytes([i % 256]) * 5000 for i in range(200)]
+    assert reads() == (chunks, set())
+    assert [s["id"] for s in snap.select(["id"])] == list(range(200))
+    assert reads() == (set(), chunks)
+    loaded = [s["jpeg"] for s in StreamingDataset(snap, fields=["jpeg"], shuffle=False)]
+    assert loaded == images
+    assert reads()[1] == set()  # none read as frames
 
 
 def test_drop_fields(backend: Backend) -> None:

@@ -219,8 +219,9 @@ class _ChunkFetcher:
         # the decoding thread only take its core by turns, so one does it. Chunks still on
         # disk or remote wait on I/O, and read faster in parallel.
         self._cached_pool = ThreadPoolExecutor(1, thread_name_prefix="txstore-check")
-        # Local chunks read whole are mapped on the decoding thread (``_map``).
-        self._maps_whole_files = self._cache is None and snapshot.fields is None
+        # Local chunks are mapped on the decoding thread (``_map``), for the fetch to read
+        # whole (all fields, or fields that are most of a file).
+        self._maps_whole_files = not snapshot.storage.is_remote
         self._ahead = ahead
         self._chunks: list[ChunkRef] = []
         self._futures: dict[int, Future[Fetched]] = {}

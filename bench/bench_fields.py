@@ -393,7 +393,9 @@ def counted_read(path: Path, case: ReadCase, reader: str, workdir: Path) -> tupl
 
 
 def stored_column_bytes(path: Path, version: int) -> dict[str, int]:
-    """Bytes of each visible column's frames in the version's files (what a projection needs)."""
+    """Bytes of each visible column's frames in the version's files (what a projection needs):
+    the blocks' frames, and the pieces of the columns stored apart alone (as ``spans`` gives
+    a reader of samples)."""
     import txstore
     from txstore.format.manifest import chunk_files
 
@@ -403,11 +405,9 @@ def stored_column_bytes(path: Path, version: int) -> dict[str, int]:
     for chunk in store.snapshot(version).chunk_refs():
         for src in chunk_files(chunk):
             layout = reader.layout(src, version)
-            for block in layout.footer.blocks:
-                for frame in block.frames:
-                    name = layout.columns[frame.column]
-                    if name not in src.hidden:
-                        sums[name] = sums.get(name, 0) + frame.length
+            for _, _, frame in layout.spans(None, pieces=False, hidden=src.hidden):
+                name = layout.columns[frame.column]
+                sums[name] = sums.get(name, 0) + frame.length
     return sums
 
 

@@ -66,10 +66,12 @@ _LAYOUT_CACHE = 1024
 #: columns: 32 MiB holds the int ids of about 3.5 million samples).
 _PIECE_CACHE_BYTES = 32 << 20
 #: A reader of some fields reads a chunk file whole when their frames are at least this share
-#: of its body (100 KiB images beside small ids and labels: nearly all of it). One read, and
-#: one digest on the fetching thread, instead of a range per frame and a checksum per frame
-#: on the decoding thread: W2 read with fields=["jpeg"] went at half the speed of all fields.
-WHOLE_FILE_SHARE = 0.5
+#: of its body (100 KiB images beside small ids and labels): one read, and one digest on the
+#: fetching thread, instead of a range per frame and a checksum per frame on the decoding
+#: thread (W2 read with fields=["jpeg"] went at half the speed of all fields). Only where the
+#: whole file is at most 2% more bytes than the frames: a projection moves the bytes of its
+#: fields, not more (bench/bench_fields.py), on an object store above all.
+WHOLE_FILE_SHARE = 0.98
 
 #: Runs [start, stop) of samples, in order.
 Runs = list[tuple[int, int]]

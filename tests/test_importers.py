@@ -10,6 +10,7 @@ import multiprocessing
 import os
 import shutil
 import sys
+import threading
 import types
 from pathlib import Path
 from typing import Any
@@ -805,15 +806,33 @@ def test_parquet_import_glob_folder_and_columns(tmp_path: Path):
         txstore.import_parquet(str(tmp_path / "pq" / "*.nothing"), str(tmp_path / "d"))
 
 
+def _threads_seen() -> tuple[list[set[str]], Any]:
+    """A progress callback that notes the names of the threads alive at each report."""
+    seen: list[set[str]] = []
+
+    def progress(stage: str, done: int, total: int | None) -> None:
+        seen.append({t.name for t in threading.enumerate()})
+
+    return seen, progress
+
+
 def test_parquet_import_from_an_object_store_reads_ranges(tmp_path: Path, s3_server: Any):
-    # Not files on this machine: the row groups are read through ranged reads of the storage.
+    # Not files on this machine: the row groups are read through ranged reads of the storage,
+    # the next one while the last one is written (from local disk, one after another).
     rows = _parquet_files(tmp_path / "pq")
     src = f"s3://{s3_server.new_bucket()}/pq"
     _copy_into(tmp_path / "pq", src, s3_server.options)
+    remote, progress = _threads_seen()
     txstore.import_parquet(src + "/part-*.parquet", str(tmp_path / "a"),
                            src_storage_options=s3_server.options, num_workers=1,
-                           progress=False)  # fmt: skip
+                           progress=progress)  # fmt: skip
     _same_samples(txstore.open(str(tmp_path / "a")).snapshot(), rows)
+    assert any(name.startswith("txstore-read-ahead") for names in remote for name in names)
+    local, progress = _threads_seen()
+    txstore.import_parquet(str(tmp_path / "pq"), str(tmp_path / "b"), num_workers=1,
+                           progress=progress)  # fmt: skip
+    _same_samples(txstore.open(str(tmp_path / "b")).snapshot(), rows)
+    assert local and not any(n.startswith("txstore-read-ahead") for ns in local for n in ns)
 
 
 def test_parquet_export_reads_back_in_pyarrow(tmp_path: Path):

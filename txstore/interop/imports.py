@@ -27,7 +27,7 @@ from ..format.manifest import DEFAULT_CHUNK_BYTES
 from ..format.units import parse_size
 from ..storage import Storage, open_storage
 from ..store.core import Commit
-from ..store.ingest import optimize
+from ..store.ingest import READS_AHEAD, optimize
 from ..store.progress import ProgressArg
 
 _opened: dict[tuple[int, str], Storage] = {}
@@ -41,6 +41,16 @@ def _source(uri: str, options: dict[str, Any] | None) -> Storage:
     if storage is None:
         storage = _opened[key] = open_storage(uri, options)
     return storage
+
+
+def _reading_ahead(reader: Any, source: Storage) -> Any:
+    """``reader``, marked for ``optimize`` to call for the next input while the last one's
+    samples are written (``ingest.READS_AHEAD``) when its source is remote: that hides a
+    round trip and a transfer. Not on local disk: there the next input's bytes, read
+    meanwhile, pushed the last one's out of the CPU cache before they were copied
+    (import_parquet of 100 KiB values: 0.49-0.57 s against 0.45-0.50)."""
+    setattr(reader, READS_AHEAD, source.is_remote)
+    return reader
 
 
 def _read(storage: Storage, key: str) -> bytes:
@@ -117,8 +127,6 @@ class _LitDataChunk:
     LitData stored as Arrow, and items of plain values and files in its own layout, as
     column batches over the file's bytes; others as dicts."""
 
-    _txstore_reads_ahead = True  # ingest.READS_AHEAD: the next chunk file is read meanwhile
-
     def __init__(self, uri: str, options: dict[str, Any] | None, config: dict[str, Any]) -> None:
         self.uri, self.options = uri, options
         self.layout = peer_litdata.Layout(config, f"{uri}/index.json")
@@ -170,7 +178,7 @@ def import_litdata(
     options = src_storage_options or options
     storage = _source(uri, options)
     config, chunks = peer_litdata.parse_index(_read(storage, "index.json"), f"{uri}/index.json")
-    fn = _LitDataChunk(uri, options, config)
+    fn = _reading_ahead(_LitDataChunk(uri, options, config), storage)
     return optimize(
         fn,
         [_File(str(c["filename"]), c) for c in chunks],
@@ -197,8 +205,6 @@ def import_litdata(
 class _MdsShard:
     """Reads one MDS shard file into samples (the function ``optimize`` maps): a shard of
     ints, bytes and strs as one column batch over the file's bytes, others as dicts."""
-
-    _txstore_reads_ahead = True  # ingest.READS_AHEAD: the next shard is read meanwhile
 
     def __init__(self, uri: str, options: dict[str, Any] | None) -> None:
         self.uri, self.options = uri, options
@@ -250,7 +256,7 @@ def import_mds(
         for name, encoding in zip(shard["column_names"], shard["column_encodings"], strict=True):
             peer_mds.decoder(encoding, f"{uri}/index.json, shard {number}, column {name!r}")
     return optimize(
-        _MdsShard(uri, options),
+        _reading_ahead(_MdsShard(uri, options), storage),
         [_File(peer_mds.shard_file(s)[0], s) for s in shards],
         dest,
         num_workers=_workers(
@@ -370,8 +376,6 @@ class _ParquetRowGroup:
     """Reads one row group of a Parquet file as column batches (the function ``optimize``
     maps), over the table Arrow read, which nothing changes."""
 
-    _txstore_reads_ahead = True  # ingest.READS_AHEAD: Arrow decodes the next group meanwhile
-
     def __init__(self, options: dict[str, Any] | None, columns: list[str] | None) -> None:
         self.options, self.columns = options, columns
 
@@ -416,8 +420,11 @@ def import_parquet(
         file = _parquet_file(_source(root, src_storage_options), key, size)
         count = arrow.parquet_row_groups(file, f"{root}/{key}")
         groups += [_File(f"{key}, row group {n}", (root, key, size, n)) for n in range(count)]
+    reader = _ParquetRowGroup(src_storage_options, columns)
+    if files:  # (one file system for all)
+        reader = _reading_ahead(reader, _source(files[0][0], src_storage_options))
     return optimize(
-        _ParquetRowGroup(src_storage_options, columns),
+        reader,
         groups,
         dest,
         num_workers=_workers(

@@ -124,6 +124,9 @@ def test_a_projection_of_most_of_a_file_reads_it_whole(
     loaded = [s["jpeg"] for s in StreamingDataset(snap, fields=["jpeg"], shuffle=False)]
     assert loaded == images
     assert reads()[1] == set()  # none read as frames
+    ids = [s["id"] for s in StreamingDataset(snap, fields=["id"], shuffle=False)]
+    assert ids == list(range(200))
+    assert reads() == (set(), chunks)  # nor mapped whole (and so read ahead) meanwhile
 
 
 def test_drop_fields(backend: Backend) -> None:

@@ -458,13 +458,24 @@ class ChunkReader:
         ]
         return layout, ranges, pieces
 
-    def map_whole(self, chunk: ChunkRef, version: int) -> dict[str, bytes | memoryview]:
-        """The buffers of the sources ``fetch`` may read whole (for all fields, or fields
-        that are most of a file), by path: cheap for local storage (a map), which a caller
-        may do on one thread and ``fetch`` on another."""
-        return {
-            src.path: self._buffer(src, version) for src in chunk_files(chunk) if not src.hidden
-        }
+    def map_whole(
+        self, chunk: ChunkRef, version: int, fields: frozenset[str] | None = None
+    ) -> dict[str, bytes | memoryview]:
+        """The buffers of the sources ``fetch`` reads whole for ``fields`` (None: all; else
+        those whose frames are most of a file), by path: cheap for local storage (a map,
+        and a hint to read it ahead), which a caller may do on one thread and ``fetch`` on
+        another. A source read as ranges is not mapped: its whole file is not read ahead."""
+        found: dict[str, bytes | memoryview] = {}
+        for src in chunk_files(chunk):
+            if src.hidden:
+                continue
+            if fields is not None:
+                layout = self.layout(src, version, lazy=True)
+                keep = self.keep(src, layout, fields)
+                if not (keep and self._mostly(src, layout, keep, False)):
+                    continue
+            found[src.path] = self._buffer(src, version)
+        return found
 
     def _buffer(self, src: ChunkFile, version: int) -> bytes | memoryview:
         if logger.isEnabledFor(logging.DEBUG):

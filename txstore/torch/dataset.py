@@ -236,7 +236,7 @@ class _ChunkFetcher:
         if not self._maps_whole_files:
             return None
         try:
-            return self._remote.map_whole(chunk, self._snapshot.version)
+            return self._remote.map_whole(chunk, self._snapshot.version, self._snapshot.fields)
         except TxstoreError as e:
             return e
 

@@ -26,7 +26,7 @@ from .conftest import Backend
 from .emulators import AzuriteServer, GcsServer
 from .invariants import txn_samples
 from .proxy import Proxy, Request, Rule
-from .test_network import READ_TIMEOUT, Case, delay_each_write
+from .test_network import PATIENT, READ_TIMEOUT, Case, delay_each_write
 
 
 @dataclass
@@ -35,7 +35,7 @@ class Remote:
 
     backend: Backend
     upstream: tuple[str, int]
-    through: Callable[[str], dict[str, Any]]  # the options that reach it at an endpoint
+    through: Callable[[str, float], dict[str, Any]]  # options: at an endpoint, with a timeout
 
 
 @pytest.fixture(params=["gcs", "azure"])
@@ -44,21 +44,21 @@ def remote(request: pytest.FixtureRequest) -> Remote:
         gcs: GcsServer = request.getfixturevalue("gcs_server")
         backend = Backend("gcs", f"gs://{gcs.new_bucket()}/store", gcs.options)
 
-        def gcs_through(endpoint: str) -> dict[str, Any]:
-            return dict(gcs.options, endpoint_url=endpoint, requests_timeout=READ_TIMEOUT)
+        def gcs_through(endpoint: str, timeout: float) -> dict[str, Any]:
+            return dict(gcs.options, endpoint_url=endpoint, requests_timeout=timeout)
 
         return Remote(backend, _host_port(gcs.endpoint), gcs_through)
     azure: AzuriteServer = request.getfixturevalue("azurite_server")
     backend = Backend("azure", f"az://{azure.new_container()}/store", azure.options)
     host_port = _host_port(azure.endpoint)
 
-    def azure_through(endpoint: str) -> dict[str, Any]:
+    def azure_through(endpoint: str, timeout: float) -> dict[str, Any]:
         upstream = "http://{}:{}".format(*host_port)
         connection = azure.connection_string.replace(upstream, endpoint)
         return {
             "connection_string": connection,
-            "read_timeout": READ_TIMEOUT,
-            "connection_timeout": READ_TIMEOUT,
+            "read_timeout": timeout,
+            "connection_timeout": timeout,
             "retry_total": 0,
         }
 
@@ -82,11 +82,11 @@ def remote_proxy(remote: Remote) -> Iterator[Proxy]:
 class RemoteCase(Case):
     """test_network's Case on a GCS or Azure store."""
 
-    def __init__(self, remote: Remote, proxy: Proxy) -> None:
+    def __init__(self, remote: Remote, proxy: Proxy, timeout: float = READ_TIMEOUT) -> None:
         self.uri = remote.backend.uri
         self.direct = txstore.create(self.uri, **remote.backend.kwargs())
         self.direct.append(txn_samples("base", 2))
-        self.options = remote.through(proxy.endpoint)
+        self.options = remote.through(proxy.endpoint, timeout)
         self.store = txstore.open(self.uri, storage_options=self.options)
         self.proxy = proxy
         self.checked = 0
@@ -102,7 +102,7 @@ def is_commit(request: Request) -> bool:
 @pytest.mark.parametrize("txn", [True, False])
 def test_lost_reply_to_the_commit(remote: Remote, remote_proxy: Proxy, txn: bool) -> None:
     """The server commits the manifest; its reply never arrives."""
-    case = RemoteCase(remote, remote_proxy)
+    case = RemoteCase(remote, remote_proxy, timeout=PATIENT)
     reported = case.append("t", Rule(is_commit, "drop"), txn=txn)
     assert reported == 2  # a replay or the read-back met our own manifest: ours
     assert case.check("t", reported, retry=txn) == []
@@ -118,7 +118,7 @@ def test_reply_to_the_commit_delayed_past_the_client_timeout(
 
 
 def test_lost_reply_at_every_request_of_an_append(remote: Remote, remote_proxy: Proxy) -> None:
-    case = RemoteCase(remote, remote_proxy)
+    case = RemoteCase(remote, remote_proxy, timeout=PATIENT)
     case.append("probe")
     requests = list(case.proxy.seen)
     assert sum(is_commit(r) for r in requests) == 1

@@ -4,6 +4,10 @@ through real DataLoader workers."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -223,3 +227,37 @@ def test_a_workers_buffer_is_refilled_only_once_no_batch_uses_it() -> None:
     assert len(held) == len(kept)
     for batch, column in zip(held, kept, strict=True):
         assert np.array_equal(batch.numpy(), np.stack(column))
+
+
+def _mark_worker(folder: str, worker_id: int) -> None:
+    Path(folder, f"worker-{worker_id}").write_text(str(os.getpid()))
+
+
+def test_a_users_worker_init_fn_runs_in_each_worker(store_uri: str, tmp_path: Path) -> None:
+    # The loader starts each worker's descriptor sharing from worker_init_fn: the user's own
+    # must still run, once in each worker, with its id.
+    ds = StreamingDataset(txstore.open(store_uri).snapshot(), fields=["id"])
+    loader = StreamingDataLoader(
+        ds, batch_size=BATCH, num_workers=2, worker_init_fn=partial(_mark_worker, str(tmp_path))
+    )
+    assert sorted(int(i) for b in loader for i in b["id"]) == list(range(N))
+    pids = {p.name: int(p.read_text()) for p in tmp_path.glob("worker-*")}
+    assert sorted(pids) == ["worker-0", "worker-1"]
+    assert len(set(pids.values())) == 2 and os.getpid() not in pids.values()
+
+
+def test_sharing_descriptors_starts_before_any_is_shared() -> None:
+    # In a process of its own: the resource sharer is per process and starts once.
+    code = (
+        "import os\n"
+        "from multiprocessing import resource_sharer as r\n"
+        "from txstore.torch.transport import share_early\n"
+        "assert r._resource_sharer._address is None\n"
+        "before = len(os.listdir('/proc/self/fd'))\n"
+        "share_early()\n"
+        "s = r._resource_sharer\n"
+        "print(s._address is not None, len(s._cache), len(os.listdir('/proc/self/fd')) - before)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    # Listening, nothing left offered, one descriptor more: the listening socket.
+    assert out.stdout.split() == ["True", "0", "1"]

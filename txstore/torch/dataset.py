@@ -57,7 +57,7 @@ from ..store.core import open as open_store
 from ..store.snapshot import ChunkReader, Fetched, Sample, Snapshot
 from . import elastic
 from .collate import collate
-from .transport import BytesPool, Receiver, pack, unpack
+from .transport import BytesPool, Receiver, WorkerStart, pack, unpack
 
 STATE_FORMAT = 1
 #: The size of each ranged read of the blocks a first batch needs from a chunk not yet
@@ -984,6 +984,8 @@ class StreamingDataLoader(DataLoader[Any]):
         # The dataset may hand its values to our own collate as views of the chunks.
         self._own_collate = collate_fn is None and batched
         kwargs["collate_fn"] = _CountingCollate(collate_fn or self.default_collate(batched))
+        # (Never positional: collate_fn, which DataLoader takes before it, is keyword-only.)
+        kwargs["worker_init_fn"] = WorkerStart(kwargs.get("worker_init_fn"))
         super().__init__(dataset, *args, **kwargs)
         self.streaming_dataset = dataset
         self._delivered: dict[int, int] = {}

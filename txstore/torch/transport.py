@@ -24,6 +24,9 @@ from __future__ import annotations
 
 import math
 import os
+import threading
+from collections.abc import Callable
+from multiprocessing import resource_sharer
 from typing import Any
 
 import numpy as np
@@ -81,6 +84,38 @@ class SharedBytes:
 
     def __setstate__(self, state: tuple[Any, ...]) -> None:
         self.buffer, self.ends, self.key, self.generation = state
+
+
+class WorkerStart:
+    """A loader's ``worker_init_fn``: starts the worker's descriptor sharing on a thread of
+    its own (``share_early``), then calls the user's function, if any."""
+
+    def __init__(self, user: Callable[[int], Any] | None) -> None:
+        self.user = user
+
+    def __call__(self, worker_id: int) -> None:
+        threading.Thread(target=share_early, name="txstore-share", daemon=True).start()
+        if self.user is not None:
+            self.user(worker_id)
+
+
+def share_early() -> None:
+    """Start this process's sharing of descriptors, and wait until it answers.
+
+    The main process gets a shared-memory tensor's descriptor from the worker that made it
+    through multiprocessing's resource sharer, whose listening thread starts when the first
+    descriptor is offered: inside the worker's first batch, where the start waited some 7 ms
+    for the worker's GIL (W2, 2 workers). Offering and taking back a pipe's end here, at the
+    worker's start and beside its first reads, leaves the thread running and nothing shared.
+    """
+    read, write = os.pipe()
+    try:
+        os.close(resource_sharer.DupFd(read).detach())
+    except OSError:
+        pass  # the batches' own sharing fails then too, and says why
+    finally:
+        os.close(read)
+        os.close(write)
 
 
 _HEADER = 64  # the FREE/BUSY byte, padded to a cache line

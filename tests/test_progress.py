@@ -345,11 +345,11 @@ def test_a_reader_loads_no_lock_library_and_builds_no_writer_tables(tmp_path: Pa
     txstore.create(str(tmp_path / "s")).append([{"i": 1, "b": b"x"}])
     code = (
         "import sys, txstore\n"
-        "from txstore.format import builder\n"
+        "from txstore.format import column_frames\n"
         f"s = txstore.open({str(tmp_path / 's')!r})\n"
         "assert [x['i'] for x in s.snapshot()] == [1]\n"
         "assert 'portalocker' not in sys.modules, 'a reader imported portalocker'\n"
-        "assert builder._small_bin_headers.cache_info().currsize == 0, 'table made'\n"
+        "assert column_frames.small_bin_headers.cache_info().currsize == 0, 'table made'\n"
         "s.append([{'i': 2, 'b': b'y'}])\n"
         "assert 'portalocker' in sys.modules\n"
     )

@@ -18,7 +18,6 @@ from __future__ import annotations
 import struct
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from functools import cache
 from itertools import accumulate, islice, pairwise, repeat, zip_longest
 from operator import add as plus
 from operator import itemgetter
@@ -30,7 +29,16 @@ from ..errors import EncodeError
 from .chunk import FLAG_SPARSE, HEADER, MAX_BLOCK_SAMPLES, major_of
 from .chunkfile import BuiltChunk, ChunkStream, SealedFrames
 from .codec import CODEC_RAW, FrameCompressor
-from .columnar import ColumnBatch, Encoded, Prefixed
+from .column_frames import (
+    ARRAY_HEADERS,
+    EvenTables,
+    array_header,
+    bin_header,
+    bin_headers,
+    column_frames,
+)
+from .columnar import ColumnBatch, Encoded
+from .pieces import APART_BLOCK_SAMPLES, APART_VALUE_BYTES, Pending, absent_column
 from .values import (
     ABSENT,
     ABSENT_BYTES,
@@ -40,41 +48,6 @@ from .values import (
     Absent,
     ValueEncoder,
 )
-
-
-def _array_header(n: int) -> bytes:
-    if n < 16:
-        return bytes((0x90 | n,))
-    if n < 65536:
-        return b"\xdc" + n.to_bytes(2, "big")
-    return b"\xdd" + n.to_bytes(4, "big")
-
-
-def _bin_header(n: int) -> bytes:
-    if n < 256:
-        return b"\xc4" + n.to_bytes(1, "big")
-    if n < 65536:
-        return b"\xc5" + n.to_bytes(2, "big")
-    return b"\xc6" + n.to_bytes(4, "big")
-
-
-#: The array header of each block size (a block holds at most ``MAX_BLOCK_SAMPLES``).
-_ARRAY_HEADERS = tuple(_array_header(n) for n in range(MAX_BLOCK_SAMPLES + 1))
-_SMALL_BINS = 1 << 16
-
-
-@cache
-def _small_bin_headers() -> tuple[bytes, ...]:
-    """The bin header of each length below ``_SMALL_BINS`` (0.7 MB: no call per value), made
-    by the first writer rather than by every process that imports txstore to read."""
-    return tuple(_bin_header(n) for n in range(_SMALL_BINS))
-
-
-def _bin_headers(lengths: list[int]) -> list[bytes]:
-    if max(lengths) < _SMALL_BINS:
-        return list(map(_small_bin_headers().__getitem__, lengths))
-    return list(map(_bin_header, lengths))
-
 
 #: After this many frames of a column in a row that zstd could not shrink, try it only on
 #: every ``_PROBE_EVERY``-th frame: incompressible columns (JPEG, tokens) stop paying for it.
@@ -108,101 +81,6 @@ def _value_bytes(value: Any) -> int:
     if kind is _Encoded:
         return len(value.data)
     return 9  # ABSENT, ints, floats, bools, None
-
-
-#: A column is stored apart in a chunk (docs/format.md §7.6) when, in the chunk's first block,
-#: its values take at most this many bytes on average and the block holds at most
-#: ``_APART_BLOCK_SAMPLES`` samples: small values in a chunk of many blocks (ids, labels and
-#: lengths beside images or token windows), which a reader of that column alone would
-#: otherwise read in as many small frames as the chunk has blocks.
-_APART_VALUE_BYTES = 32
-_APART_BLOCK_SAMPLES = 1024
-
-
-def _absent_column(n: int) -> Encoded:
-    """``n`` ABSENT values, encoded."""
-    width = len(ABSENT_BYTES)
-    return Encoded(
-        np.frombuffer(ABSENT_BYTES * n, dtype=np.uint8), np.arange(n + 1, dtype=np.int64) * width
-    )
-
-
-class _Pending:
-    """A column's values waiting for their piece (a column stored apart), oldest first: rows
-    of encoded columns (the columnar path), and the values of the blocks of samples since,
-    joined into one buffer as they come (so that a block adds no object of its own for the
-    cyclic GC to track: see ``SealedFrames``)."""
-
-    __slots__ = ("_open", "count", "nbytes", "runs")
-
-    def __init__(self) -> None:
-        self.runs: list[tuple[Encoded, int, int, bool]] = []  # column, rows [start, stop)
-        self._open: tuple[bytearray, list[int], list[bool]] | None = None
-        self.count = 0
-        self.nbytes = 0
-
-    def add(self, column: Encoded, start: int, stop: int, sparse: bool) -> None:
-        """Rows [start, stop) of an encoded column (kept as they are until sealed)."""
-        if stop > start:
-            self._close()
-            self.runs.append((column, start, stop, sparse))
-            self.count += stop - start
-            self.nbytes += int(column.offsets[stop] - column.offsets[start])
-
-    def add_values(self, parts: list[bytes], sizes: list[int], sparse: bool) -> None:
-        """A block's values, encoded: ``parts`` joined are their bytes, ``sizes`` each one's."""
-        if self._open is None:
-            self._open = (bytearray(), [], [False])
-        data, all_sizes, holes = self._open
-        data += b"".join(parts)
-        all_sizes += sizes
-        holes[0] = holes[0] or sparse
-        self.count += len(sizes)
-        self.nbytes += sum(sizes)
-
-    def _close(self) -> None:
-        """The values added one block at a time become a run like the others."""
-        if self._open is not None:
-            data, sizes, holes = self._open
-            self._open = None
-            offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
-            np.cumsum(sizes, out=offsets[1:])
-            column = Encoded(np.frombuffer(bytes(data), dtype=np.uint8), offsets)
-            self.runs.append((column, 0, len(sizes), holes[0]))
-
-    def sizes(self, most: int) -> np.ndarray[Any, Any]:
-        """The sizes of the first ``most`` values (or all, if fewer)."""
-        self._close()
-        out, left = [], most
-        for column, start, stop, _ in self.runs:
-            take = min(left, stop - start)
-            out.append(np.diff(column.offsets[start : start + take + 1]))
-            left -= take
-            if not left:
-                break
-        return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
-
-    def take(self, n: int) -> tuple[bytes, bool]:
-        """The bytes of the first ``n`` values, which leave; whether any is ABSENT."""
-        self._close()
-        parts: list[memoryview] = []
-        sparse = False
-        runs = self.runs
-        while n:
-            column, start, stop, holes = runs[0]
-            take = min(n, stop - start)
-            offsets = column.offsets
-            low, high = int(offsets[start]), int(offsets[start + take])
-            parts.append(column.data.data[low:high])
-            self.nbytes -= high - low
-            sparse = sparse or holes
-            if take == stop - start:
-                runs.pop(0)
-            else:
-                runs[0] = (column, start + take, stop, holes)
-            n -= take
-            self.count -= take
-        return b"".join(parts), sparse
 
 
 class _Encoded:
@@ -370,7 +248,7 @@ class ChunkBuilder:
         self._apart_all = apart
         self._apart_small = apart_small
         self._apart: frozenset[str] | None = None  # not chosen yet
-        self._pending: dict[str, _Pending] = {}
+        self._pending: dict[str, Pending] = {}
         self._check_at = min(block_bytes, _CHECK_BLOCK_AT)  # seal, or check the block
         self._compressor = compressor
         self._compressing = compressor.enabled
@@ -386,7 +264,7 @@ class ChunkBuilder:
         self._fast: _FastPath | None = None
         self._shapes: dict[tuple[tuple[str, ...], tuple[type, ...]], _FastPath] = {}
         self._batch_skips = 0  # lists to add one at a time before trying a C pass again
-        self._even_tables: dict[tuple[int, int, int], bytes] = {}
+        self._even_tables = EvenTables(_MAX_SHAPES)
         self._reset_block()
 
     def _reset_block(self) -> None:
@@ -567,7 +445,7 @@ class ChunkBuilder:
                 break
             j = bisect_left(ends, ends[i] + room, i, min(n, i + MAX_BLOCK_SAMPLES))
             j = max(i + 1, j)
-            size += ends[j] - ends[i] + width * (len(_ARRAY_HEADERS[j - i]) + 4 * (j - i))
+            size += ends[j] - ends[i] + width * (len(ARRAY_HEADERS[j - i]) + 4 * (j - i))
             bounds.append(j)
             i = j
             if room < cap or size >= limit:
@@ -604,11 +482,12 @@ class ChunkBuilder:
                 self._pend(name, column, first, last, False)
         self._pad_pending(batch.names, last - first)
         width = len(in_blocks)
-        frames = [self._column_frames(column, bounds, batch.stable) for _, column in in_blocks]
+        tables = self._even_tables
+        frames = [column_frames(c, bounds, tables, batch.stable) for _, c in in_blocks]
         store, blocks = self._store_frame, self._sealed.blocks
         for number, (i, j) in enumerate(pairwise(bounds)):
-            for (name, _), column_frames in zip(in_blocks, frames, strict=True):
-                parts, raw_length = column_frames[number]
+            for (name, _), of_column in zip(in_blocks, frames, strict=True):
+                parts, raw_length = of_column[number]
                 store(name, parts, raw_length, False)
             if not self._apart_all:
                 blocks.append((j - i, width))
@@ -625,8 +504,8 @@ class ChunkBuilder:
         the blocks hold them too, so that a reader of samples reads each sample's values
         from its block alone."""
         chosen: frozenset[str] = frozenset()
-        if self._apart_small and not self._apart_all and n <= _APART_BLOCK_SAMPLES:
-            small = frozenset(name for name, size in sizes.items() if size <= _APART_VALUE_BYTES)
+        if self._apart_small and not self._apart_all and n <= APART_BLOCK_SAMPLES:
+            small = frozenset(name for name, size in sizes.items() if size <= APART_VALUE_BYTES)
             if len(small) < len(sizes):  # a block of small values only is a fine frame each
                 chosen = small
         self._apart = chosen
@@ -638,15 +517,15 @@ class ChunkBuilder:
         column.data  # noqa: B018 -- joined now: the caller may reuse its buffers on return
         self._pending_of(name).add(column, start, stop, sparse)
 
-    def _pending_of(self, name: str) -> _Pending:
+    def _pending_of(self, name: str) -> Pending:
         """The values of ``name`` waiting for their piece. A column first seen now is ABSENT
         in every sample of the chunk before."""
         found = self._pending.get(name)
         if found is None:
-            found = self._pending[name] = _Pending()
+            found = self._pending[name] = Pending()
             self._columns.setdefault(name, len(self._columns))
             if self._num_samples:
-                found.add(_absent_column(self._num_samples), 0, self._num_samples, True)
+                found.add(absent_column(self._num_samples), 0, self._num_samples, True)
         return found
 
     def _pad_pending(self, shown: Sequence[str], n: int) -> None:
@@ -659,7 +538,7 @@ class ChunkBuilder:
         for name, found in self._pending.items():
             self._seal_pieces(name, found, final)
 
-    def _seal_pieces(self, name: str, found: _Pending, final: bool) -> None:
+    def _seal_pieces(self, name: str, found: Pending, final: bool) -> None:
         """Seal the full pieces of a column's pending values (``final``: all of them): each
         ends at the first value that brings it to ``block_bytes``, or at 4096 values."""
         limit = min(self._block_limit, _CHECK_BLOCK_AT)
@@ -674,107 +553,12 @@ class ChunkBuilder:
                     return  # more values may come
                 cut = len(sizes)
             values, sparse = found.take(cut)
-            head = _ARRAY_HEADERS[cut]
+            head = ARRAY_HEADERS[cut]
             offsets = np.zeros(cut, dtype=np.int64)
             np.cumsum(sizes[: cut - 1], out=offsets[1:])
             table = (offsets + len(head)).astype("<u4").tobytes()
             raw_length = len(head) + int(ends[cut - 1]) + len(table)
             self._store_frame(name, (head, values, table), raw_length, sparse, piece=cut)
-
-    def _column_frames(
-        self, column: Encoded, bounds: list[int], stable: bool = False
-    ) -> list[tuple[tuple[bytes | memoryview, ...], int]]:
-        """The raw frame of each block of rows ``bounds[k]:bounds[k + 1]`` of one column: its
-        parts and its length. ``stable``: the column's bytes stay as they are until the
-        chunk is stored (``ColumnBatch.stable``)."""
-        if stable and isinstance(column, Prefixed) and column.is_large:
-            return self._referenced_frames(column, bounds)
-        if isinstance(column, Prefixed) and column.uniform is not None:
-            head, length = column.uniform
-            return self._even_frames(column.value_rows(), length, head, bounds)
-        width = column.even_size
-        if width is not None:
-            rows = column.data[int(column.offsets[0]) : int(column.offsets[-1])]
-            return self._even_frames(rows.reshape(-1, width), width, b"", bounds)
-        offsets, data = column.offsets, column.data.data
-        spans = np.asarray(bounds, dtype=np.int64)
-        sizes = np.diff(spans)
-        heads = [_ARRAY_HEADERS[j - i] for i, j in pairwise(bounds)]
-        head_lengths = np.fromiter(map(len, heads), dtype=np.int64, count=len(heads))
-        # Every block's offset table at once: a value's offset from its block's first
-        # value, past the block's array header.
-        starts = np.repeat(offsets[spans[:-1]] - head_lengths, sizes)
-        first, last = bounds[0], bounds[-1]
-        tables = memoryview((offsets[first:last] - starts).astype("<u4").tobytes())
-        at = offsets[spans].tolist()
-        frames: list[tuple[tuple[bytes | memoryview, ...], int]] = []
-        for number, (i, j) in enumerate(pairwise(bounds)):
-            head = heads[number]
-            body = data[at[number] : at[number + 1]]
-            table = tables[4 * (i - first) : 4 * (j - first)]
-            frames.append(((head, body, table), len(head) + len(body) + len(table)))
-        return frames
-
-    def _referenced_frames(
-        self, column: Prefixed, bounds: list[int]
-    ) -> list[tuple[tuple[bytes | memoryview, ...], int]]:
-        """``_column_frames`` of large values whose bytes stay unchanged until the chunk is
-        stored: a frame's parts are its values' headers and views of their payloads, which
-        the chunk's writer copies into the file, the one copy of each value's bytes."""
-        first, last = bounds[0], bounds[-1]
-        begins, ends = column.spans(first, last)
-        heads = column.heads[first:last]
-        used = column.used[first:last].tolist()
-        sizes = np.diff(column.offsets[first : last + 1]).tolist()
-        payload = column.payload.data
-        frames: list[tuple[tuple[bytes | memoryview, ...], int]] = []
-        for i, j in pairwise(bounds):
-            head = _ARRAY_HEADERS[j - i]
-            parts: list[bytes | memoryview] = [head]
-            for k in range(i - first, j - first):
-                parts += (heads[k, : used[k]].tobytes(), payload[begins[k] : ends[k]])
-            own = sizes[i - first : j - first]
-            table = struct.pack(f"<{j - i}I", *accumulate(own[:-1], initial=len(head)))
-            parts.append(table)
-            frames.append((tuple(parts), len(head) + sum(own) + len(table)))
-        return frames
-
-    def _even_frames(
-        self, rows: np.ndarray[Any, Any], length: int, head: bytes, bounds: list[int]
-    ) -> list[tuple[tuple[bytes | memoryview, ...], int]]:
-        """``_column_frames`` of values that each take ``head`` and then a row of ``rows``
-        (``length`` bytes; rows may lie apart, a view of a source's file): every frame made
-        whole by copying its values' bytes straight into it, those of blocks of as many rows
-        together (not the values joined first and then copied again into frames)."""
-        width = len(head) + length
-        frames: list[tuple[tuple[bytes | memoryview, ...], int]] = []
-        k, last = 0, len(bounds) - 1
-        while k < last:
-            i, n = bounds[k], bounds[k + 1] - bounds[k]
-            run = 1  # the blocks from k of n rows each
-            while k + run < last and bounds[k + run + 1] - bounds[k + run] == n:
-                run += 1
-            array_head = _ARRAY_HEADERS[n]
-            h = len(array_head)
-            body_end = h + n * width
-            size = body_end + 4 * n
-            out = np.empty((run, size), dtype=np.uint8)
-            out[:, :h] = np.frombuffer(array_head, dtype=np.uint8)
-            values = rows[i : i + run * n].reshape(run, n, length)
-            body = out[:, h:body_end].reshape(run, n, width)
-            if head:
-                body[:, :, : len(head)] = np.frombuffer(head, dtype=np.uint8)
-            body[:, :, len(head) :] = values
-            out[:, body_end:] = self._uniform_table(h, width, n)
-            view = out.reshape(-1).data
-            frames += [((view[q : q + size],), size) for q in range(0, run * size, size)]
-            k += run
-        return frames
-
-    def _uniform_table(self, start: int, size: int, n: int) -> np.ndarray[Any, Any]:
-        """A frame's offset table when its ``n`` values take ``size`` bytes each, as bytes."""
-        table = self._even_tables.get((start, size, n)) or self._even_table(start, size, n)
-        return np.frombuffer(table, dtype=np.uint8)
 
     def _open_block(self, fast: _FastPath) -> None:
         """The open block's first sample took ``fast``: its columns are the path's keys."""
@@ -935,11 +719,11 @@ class ChunkBuilder:
                 lengths = list(map(len, values))
                 first = lengths[0]
                 if lengths.count(first) == len(lengths):  # one length (tokens, latents)
-                    head = _bin_header(first)
+                    head = bin_header(first)
                     parts = [head] * (2 * len(values))
                     parts[1::2] = values
                     return parts, [len(head) + first] * len(values), False
-                heads = _bin_headers(lengths)
+                heads = bin_headers(lengths)
                 parts = [b""] * (2 * len(values))
                 parts[::2], parts[1::2] = heads, values
                 return parts, list(map(plus, map(len, heads), lengths)), False
@@ -955,7 +739,7 @@ class ChunkBuilder:
         for value in values:
             kind = type(value)
             if kind is bytes:
-                head = _bin_header(len(value))
+                head = bin_header(len(value))
                 parts += (head, value)
                 sizes.append(len(head) + len(value))
                 continue
@@ -971,10 +755,10 @@ class ChunkBuilder:
 
     def _seal_frame(self, name: str, parts: list[bytes], sizes: list[int], sparse: bool) -> None:
         n = len(sizes)
-        head = _array_header(n)
+        head = array_header(n)
         if sizes.count(sizes[0]) == n:  # values of one size: a table made before
             shape = (len(head), sizes[0], n)
-            table = self._even_tables.get(shape) or self._even_table(*shape)
+            table = self._even_tables.table(*shape)
         else:
             table = struct.pack(f"<{n}I", *accumulate(sizes[:-1], initial=len(head)))
         raw_length = len(head) + sum(sizes) + len(table)
@@ -1011,15 +795,6 @@ class ChunkBuilder:
         sealed.frames.append((column, self._size, length, raw_length, codec, flags))
         sealed.stored.append(stored)
         self._size += length
-
-    def _even_table(self, start: int, size: int, n: int) -> bytes:
-        """A frame's offset table when its ``n`` values take ``size`` bytes each, kept for the
-        next frame like it (a few shapes per column)."""
-        if len(self._even_tables) >= _MAX_SHAPES:
-            self._even_tables.clear()
-        table = struct.pack(f"<{n}I", *range(start, start + size * n, size))
-        self._even_tables[start, size, n] = table
-        return table
 
     @property
     def sealed_frames(self) -> int:

@@ -818,7 +818,7 @@ def _threads_seen() -> tuple[list[set[str]], Any]:
 
 def test_parquet_import_from_an_object_store_reads_ranges(tmp_path: Path, s3_server: Any):
     # Not files on this machine: the row groups are read through ranged reads of the storage,
-    # the next one while the last one is written (from local disk, one after another).
+    # the next one while the last one is written.
     rows = _parquet_files(tmp_path / "pq")
     src = f"s3://{s3_server.new_bucket()}/pq"
     _copy_into(tmp_path / "pq", src, s3_server.options)
@@ -828,11 +828,34 @@ def test_parquet_import_from_an_object_store_reads_ranges(tmp_path: Path, s3_ser
                            progress=progress)  # fmt: skip
     _same_samples(txstore.open(str(tmp_path / "a")).snapshot(), rows)
     assert any(name.startswith("txstore-read-ahead") for names in remote for name in names)
-    local, progress = _threads_seen()
+
+
+def _reads_ahead(seen: list[set[str]]) -> bool:
+    return any(n.startswith("txstore-read-ahead") for names in seen for n in names)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs CPU affinity")
+def test_a_local_import_reads_ahead_only_with_a_core_to_spare(tmp_path: Path):
+    # A worker keeps two cores busy (encoding, writing): from local disk the next row group
+    # is read meanwhile only when the process may run on at least two cores per worker.
+    rows = _parquet_files(tmp_path / "pq")
+    cores = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, {min(cores)})  # one core: none to spare
+        one, progress = _threads_seen()
+        txstore.import_parquet(str(tmp_path / "pq"), str(tmp_path / "a"), num_workers=1,
+                               progress=progress)  # fmt: skip
+    finally:
+        os.sched_setaffinity(0, cores)
+    _same_samples(txstore.open(str(tmp_path / "a")).snapshot(), rows)
+    assert one and not _reads_ahead(one)
+    if len(cores) < 2:
+        pytest.skip("one core: a spare one cannot be shown")
+    two, progress = _threads_seen()
     txstore.import_parquet(str(tmp_path / "pq"), str(tmp_path / "b"), num_workers=1,
                            progress=progress)  # fmt: skip
     _same_samples(txstore.open(str(tmp_path / "b")).snapshot(), rows)
-    assert local and not any(n.startswith("txstore-read-ahead") for ns in local for n in ns)
+    assert _reads_ahead(two)
 
 
 def test_parquet_export_reads_back_in_pyarrow(tmp_path: Path):

@@ -261,3 +261,87 @@ def test_sharing_descriptors_starts_before_any_is_shared() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     # Listening, nothing left offered, one descriptor more: the listening socket.
     assert out.stdout.split() == ["True", "0", "1"]
+
+
+def _slot_of_a_stopped_worker(conn: Any) -> None:
+    """In a child: a pool slot holding b"hello", sent as a worker sends it; then stop."""
+    import signal
+    from multiprocessing.reduction import ForkingPickler
+
+    from txstore.torch.transport import SlotFd, _new_buffer
+
+    buffer = _new_buffer(64)
+    buffer[:5] = torch.frombuffer(bytearray(b"hello"), dtype=torch.uint8)
+    slot = SlotFd.of(buffer)
+    assert slot is not None
+    conn.send_bytes(bytes(ForkingPickler.dumps(slot)))
+    os.kill(os.getpid(), signal.SIGSTOP)  # no thread of this process answers from here on
+
+
+def test_the_main_process_maps_a_slot_without_the_workers_help() -> None:
+    # A slot's first crossing is opened by its descriptor's path: a worker busy (here,
+    # stopped) need not answer, as torch's resource sharer would have it.
+    import multiprocessing
+    import pickle
+    import signal
+    import threading
+
+    ctx = multiprocessing.get_context("fork")
+    ours, theirs = ctx.Pipe()
+    child = ctx.Process(target=_slot_of_a_stopped_worker, args=(theirs,))
+    child.start()
+    try:
+        data = ours.recv_bytes()
+        got: list[Any] = []
+        opening = threading.Thread(target=lambda: got.append(pickle.loads(data)), daemon=True)
+        opening.start()
+        opening.join(timeout=20)
+        assert got, "opening the slot waited for the stopped worker"
+        assert isinstance(got[0], memoryview) and bytes(got[0][:5]) == b"hello"
+    finally:
+        os.kill(child.pid, signal.SIGCONT)
+        child.join(timeout=20)
+
+
+def test_a_slot_whose_path_cannot_be_opened_comes_through_the_resource_sharer() -> None:
+    # As from a process whose descriptors this one may not open: the descriptor's path names
+    # a process that has exited, so the sharer's copy is taken instead.
+    import pickle
+    from multiprocessing import resource_sharer
+
+    from txstore.torch.transport import SlotFd, _new_buffer
+
+    buffer = _new_buffer(64)
+    buffer[:3] = torch.tensor([7, 8, 9], dtype=torch.uint8)
+    slot = SlotFd.of(buffer)
+    assert slot is not None
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    slot.pid = int(gone.stdout)
+    view = pickle.loads(pickle.dumps(slot))
+    assert bytes(view[:3]) == bytes([7, 8, 9])
+    view[3] = 42  # the same memory as the worker's
+    assert int(buffer[3]) == 42
+    assert slot.shared._id[1] not in resource_sharer._resource_sharer._cache  # taken
+
+
+def test_a_slot_opened_by_its_path_leaves_nothing_offered() -> None:
+    # The sharer's copy of the descriptor, not needed, is taken back on a thread.
+    import pickle
+    import time
+    from multiprocessing import resource_sharer
+
+    from txstore.torch.transport import SlotFd, _new_buffer
+
+    buffer = _new_buffer(64)
+    slot = SlotFd.of(buffer)
+    assert slot is not None
+    offered, key = resource_sharer._resource_sharer._cache, slot.shared._id[1]
+    assert key in offered
+    view = pickle.loads(pickle.dumps(slot))
+    view[0] = 5
+    assert int(buffer[0]) == 5
+    deadline = time.monotonic() + 20
+    while key in offered and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert key not in offered

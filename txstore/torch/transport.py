@@ -22,7 +22,9 @@ new segment per batch, and to 3.9 times with reused ones (docs/benchmarks.md).
 
 from __future__ import annotations
 
+import contextlib
 import math
+import mmap
 import os
 import threading
 from collections.abc import Callable
@@ -66,16 +68,16 @@ class SharedBytes:
     """A list of ``bytes`` in a shared-memory buffer, with where each one ends.
 
     The buffer is one of a worker's BytesPool slots. Its first byte says whether the main
-    process has copied the items out (FREE) or not yet (BUSY). A slot's tensor crosses the pipe
-    only the first time (``buffer``); later batches in it send just the slot's name, which
-    saves passing a descriptor through the worker's resource-sharer thread (a round trip that
-    waits for the worker's GIL) and mapping fresh pages on both sides.
+    process has copied the items out (FREE) or not yet (BUSY). A slot crosses the pipe only
+    the first time (``buffer``: a ``SlotFd``, which the main process opens by the path of the
+    worker's descriptor); later batches in it send just the slot's name, which saves mapping
+    fresh pages on both sides.
     """
 
     __slots__ = ("buffer", "ends", "generation", "key")
 
     def __init__(
-        self, buffer: torch.Tensor | None, ends: list[int], key: tuple[str, int], generation: int
+        self, buffer: Crossing | None, ends: list[int], key: tuple[str, int], generation: int
     ) -> None:
         self.buffer, self.ends, self.key, self.generation = buffer, ends, key, generation
 
@@ -102,11 +104,12 @@ class WorkerStart:
 def share_early() -> None:
     """Start this process's sharing of descriptors, and wait until it answers.
 
-    The main process gets a shared-memory tensor's descriptor from the worker that made it
-    through multiprocessing's resource sharer, whose listening thread starts when the first
-    descriptor is offered: inside the worker's first batch, where the start waited some 7 ms
-    for the worker's GIL (W2, 2 workers). Offering and taking back a pipe's end here, at the
-    worker's start and beside its first reads, leaves the thread running and nothing shared.
+    A worker offers descriptors through multiprocessing's resource sharer (torch's way for a
+    batch's tensors in shared memory; ``SlotFd``'s copy of a slot's), whose listening thread
+    starts when the first one is offered: inside the worker's first batch, where the start
+    waited some 7 ms for the worker's GIL (W2, 2 workers). Offering and taking back a pipe's
+    end here, at the worker's start and beside its first reads, leaves the thread running
+    and nothing shared.
     """
     read, write = os.pipe()
     try:
@@ -133,7 +136,7 @@ class SharedArray:
 
     def __init__(
         self,
-        buffer: torch.Tensor | None,
+        buffer: Crossing | None,
         dtype: str,
         shape: tuple[int, ...],
         key: tuple[str, int],
@@ -147,6 +150,72 @@ class SharedArray:
 
     def __setstate__(self, state: tuple[Any, ...]) -> None:
         self.buffer, self.dtype, self.shape, self.key, self.generation = state
+
+
+class SlotFd:
+    """A worker's pool slot as the main process first opens it: by the path of the worker's
+    descriptor, ``/proc/<pid>/fd/<fd>``, with no round trip to the worker.
+
+    torch's own way takes the descriptor from the worker through multiprocessing's resource
+    sharer, whose thread in the worker must get a core and the worker's GIL while the worker
+    makes its next batches: the first W2 batch waited 8-21 ms for it. Where the path cannot
+    be opened (another process's descriptors are the owner's and its ancestors' to open, as
+    the kernel's ptrace rules decide), the resource sharer hands the descriptor over, as
+    torch would; where it can, the main process takes it back from the sharer later, on a
+    thread of its own, so that the worker holds no copy of it.
+    """
+
+    __slots__ = ("fd", "pid", "shared", "size")
+
+    def __init__(self, pid: int, fd: int, size: int, shared: Any) -> None:
+        self.pid, self.fd, self.size, self.shared = pid, fd, size, shared
+
+    @classmethod
+    def of(cls, buffer: torch.Tensor) -> SlotFd | None:
+        """How to open ``buffer`` (in shared memory, of a pool slot the worker keeps open for
+        as long as the main process may open it), or None where only torch's way will do."""
+        if torch.multiprocessing.get_sharing_strategy() != "file_descriptor":  # type: ignore[no-untyped-call]
+            return None
+        share_fd = getattr(buffer.untyped_storage(), "_share_fd_cpu_", None)
+        if share_fd is None:
+            return None
+        fd, size = share_fd()
+        return cls(os.getpid(), fd, size, resource_sharer.DupFd(fd))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Opened as it is unpickled: a worker lives at least until the main process has
+        # taken all it sent (a batch kept to be yielded in order would be too late).
+        return open_slot, (self.pid, self.fd, self.size, self.shared)
+
+
+def open_slot(pid: int, fd: int, size: int, shared: Any) -> memoryview:
+    """A worker's slot (``SlotFd``), mapped in this process (the main one)."""
+    try:
+        own = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        own = shared.detach()
+    else:
+        threading.Thread(target=_forget, args=(shared,), daemon=True).start()
+    try:
+        found = os.fstat(own).st_size
+        if found < size:  # not the slot it was sent as
+            raise RuntimeError(
+                f"shared batch buffer {pid}:{fd} holds {found} bytes, the worker sent it as {size}"
+            )
+        return memoryview(mmap.mmap(own, size))
+    finally:
+        os.close(own)
+
+
+def _forget(shared: Any) -> None:
+    """Take a descriptor offered by a worker back from it, and close it."""
+    with contextlib.suppress(OSError, EOFError):  # the worker has gone, and what it offered
+        os.close(shared.detach())
+
+
+#: What a slot crosses to the main process as, the first time: by its descriptor's path
+#: (arriving as a view of it), or (torch's way) as a tensor in shared memory.
+Crossing = SlotFd | memoryview | torch.Tensor
 
 
 class BytesPool:
@@ -180,17 +249,20 @@ class BytesPool:
         self.generations.append(0)
         return count, True
 
-    def _take(self, size: int) -> tuple[torch.Tensor | None, memoryview, tuple[str, int], int]:
-        """A buffer of at least ``size`` bytes marked busy: (its tensor if the main process
-        has not seen it, a view of it, its key, its generation)."""
+    def _take(self, size: int) -> tuple[Crossing | None, memoryview, tuple[str, int], int]:
+        """A buffer of at least ``size`` bytes marked busy: (what the main process opens it
+        by, if it has not seen it; a view of it; its key; its generation)."""
         slot, fresh = self._slot(size)
+        crossing: Crossing
         if slot >= 0:
             buffer, view, generation = self.buffers[slot], self.views[slot], self.generations[slot]
-        else:  # every slot busy: a one-off buffer
+            crossing = SlotFd.of(buffer) or buffer
+        else:  # every slot busy: a one-off buffer, dropped here once sent (torch's way)
             buffer = _new_buffer(size)
             view, generation = buffer.numpy().data, 0
+            crossing = buffer
         view[0] = _BUSY
-        return (buffer if fresh else None), view, (self.token, slot), generation
+        return (crossing if fresh else None), view, (self.token, slot), generation
 
     def place(self, items: list[bytes | memoryview], total: int) -> SharedBytes:
         buffer, view, key, generation = self._take(_HEADER + total)
@@ -229,20 +301,22 @@ class Receiver:
     """The main process's side of the workers' pools: the slots it has mapped."""
 
     def __init__(self) -> None:
-        self.kept: dict[tuple[str, int], tuple[int, torch.Tensor]] = {}
+        self.kept: dict[tuple[str, int], tuple[int, memoryview]] = {}
 
-    def _buffer(self, shared: SharedBytes | SharedArray) -> torch.Tensor:
-        if shared.buffer is not None:
+    def _buffer(self, shared: SharedBytes | SharedArray) -> memoryview:
+        crossing = shared.buffer
+        if crossing is not None:
+            view = crossing if isinstance(crossing, memoryview) else _view(crossing)
             if shared.key[1] >= 0:
-                self.kept[shared.key] = shared.generation, shared.buffer
-            return shared.buffer
-        generation, buffer = self.kept[shared.key]
+                self.kept[shared.key] = shared.generation, view
+            return view
+        generation, view = self.kept[shared.key]
         if generation != shared.generation:  # the protocol above rules this out
             raise RuntimeError(f"shared batch buffer {shared.key} is out of date")
-        return buffer
+        return view
 
     def items(self, shared: SharedBytes) -> list[bytes]:
-        view = self._buffer(shared).numpy().data
+        view = self._buffer(shared)
         starts = [_HEADER, *shared.ends[:-1]]
         items = [bytes(view[start:end]) for start, end in zip(starts, shared.ends, strict=True)]
         view[0] = _FREE  # after the copies: the worker may now refill it
@@ -252,7 +326,7 @@ class Receiver:
         """The stacked column as a tensor: over the worker's buffer itself, which stays the
         batch's until no tensor uses it (then the worker may refill it); with ``pin``, a
         pinned copy, and the buffer is free at once."""
-        view = self._buffer(shared).numpy().data
+        view = self._buffer(shared)
         dtype = np.dtype(shared.dtype)
         source = np.frombuffer(view, dtype, math.prod(shared.shape), _HEADER)
         if pin:
@@ -262,6 +336,12 @@ class Receiver:
             view[0] = _FREE
             return out
         return torch.from_numpy(np.asarray(_Lease(source.reshape(shared.shape), view)))
+
+
+def _view(crossing: SlotFd | torch.Tensor) -> memoryview:
+    if isinstance(crossing, SlotFd):  # not pickled: a loader without workers
+        return open_slot(crossing.pid, crossing.fd, crossing.size, crossing.shared)
+    return crossing.numpy().data
 
 
 class _Lease:

@@ -345,3 +345,41 @@ def test_a_slot_opened_by_its_path_leaves_nothing_offered() -> None:
     while key in offered and time.monotonic() < deadline:
         time.sleep(0.01)
     assert key not in offered
+
+
+_OTHER_WAYS = """
+import sys, torch, txstore
+from txstore.torch import StreamingDataLoader, StreamingDataset
+
+def lists(samples):
+    return {key: [s[key] for s in samples] for key in samples[0]}
+
+if __name__ == "__main__":
+    uri, way = sys.argv[1], sys.argv[2]
+    kwargs = {}
+    if way == "file_system":
+        torch.multiprocessing.set_sharing_strategy("file_system")
+    else:
+        kwargs["multiprocessing_context"] = way
+    ds = StreamingDataset(txstore.open(uri).snapshot())
+    loader = StreamingDataLoader(ds, batch_size=32, num_workers=2, collate_fn=lists, **kwargs)
+    got = {int(i): b for batch in loader for i, b in zip(batch["id"], batch["blob"])}
+    assert sorted(got) == list(range(200)), sorted(got)[:5]
+    assert all(b == bytes([i % 251]) * 40_000 for i, b in got.items())
+    print("ok")
+"""
+
+
+@pytest.mark.parametrize("way", ["spawn", "forkserver", "file_system"])
+def test_large_bytes_cross_from_workers_started_any_way(tmp_path: Path, way: str) -> None:
+    # Batches of ~1.3 MB of bytes go through the workers' shared slots, opened by their
+    # descriptors' paths: from spawned workers, from a fork server's (not the main process's
+    # children), and where torch shares by file name instead (slots then cross torch's way).
+    uri = str(tmp_path / "s")
+    store = txstore.create(uri, chunk_bytes=1 << 20)
+    store.append({"id": i, "blob": bytes([i % 251]) * 40_000} for i in range(200))
+    script = tmp_path / "ways.py"
+    script.write_text(_OTHER_WAYS)
+    out = subprocess.run([sys.executable, str(script), uri, way], capture_output=True,
+                         text=True, timeout=300)  # fmt: skip
+    assert out.returncode == 0 and out.stdout.split() == ["ok"], out.stderr[-3000:]

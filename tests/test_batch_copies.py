@@ -383,3 +383,17 @@ def test_large_bytes_cross_from_workers_started_any_way(tmp_path: Path, way: str
     out = subprocess.run([sys.executable, str(script), uri, way], capture_output=True,
                          text=True, timeout=300)  # fmt: skip
     assert out.returncode == 0 and out.stdout.split() == ["ok"], out.stderr[-3000:]
+
+
+@pytest.mark.parametrize("pid", ["self", -1, 1.5])
+def test_a_slot_names_a_process_by_number_only(pid: Any) -> None:
+    # The main process opens /proc/<pid>/fd/<fd>: nothing but numbers make that path.
+    import pickle
+
+    from txstore.torch.transport import SlotFd, _new_buffer
+
+    slot = SlotFd.of(_new_buffer(64))
+    assert slot is not None
+    slot.pid = pid
+    with pytest.raises(ValueError, match="shared batch buffer"):
+        pickle.loads(pickle.dumps(slot))

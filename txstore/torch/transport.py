@@ -190,6 +190,8 @@ class SlotFd:
 
 def open_slot(pid: int, fd: int, size: int, shared: Any) -> memoryview:
     """A worker's slot (``SlotFd``), mapped in this process (the main one)."""
+    if not all(type(n) is int and n >= 0 for n in (pid, fd, size)):  # they name a path
+        raise ValueError(f"a worker sent {pid!r}, {fd!r}, {size!r} as a shared batch buffer")
     try:
         own = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR | os.O_CLOEXEC)
     except OSError:

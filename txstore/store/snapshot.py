@@ -586,8 +586,8 @@ class ChunkReader:
         frames of the fields asked for when that is a part of a file (``columns``: for a
         reader of columns, ``table`` or ``decode_columns``, which reads the columns stored
         apart from their pieces). Whole files are checked against their digest, unless
-        ``digest`` is False (see ``read_whole``); ``mapped`` holds those already read
-        (``map_whole``)."""
+        ``digest`` is False (see ``read_whole``). ``mapped``: what ``map_whole`` gave for
+        the same ``fields``, which also chose the files read whole."""
         parts: list[tuple[ChunkFile, ChunkLayout, FileBytes, frozenset[str] | None]] = []
         verified: set[str] = set()
         for src in chunk_files(chunk):
@@ -600,8 +600,14 @@ class ChunkReader:
                 continue
             layout = self.layout(src, version, lazy=True)
             keep = self.keep(src, layout, fields)
-            if keep and not src.hidden and self._mostly(src, layout, keep, columns):
-                given = None if mapped is None else mapped.get(src.path)
+            if mapped is not None:
+                whole_file = src.path in mapped
+            else:
+                whole_file = bool(
+                    keep and not src.hidden and self._mostly(src, layout, keep, columns)
+                )
+            if whole_file:
+                given = None if mapped is None else mapped[src.path]
                 data, layout, whole = self.read_whole(src, version, digest, given)
                 parts.append((src, self._remember(src, layout), data, keep))
                 if whole:

@@ -816,6 +816,10 @@ def _threads_seen() -> tuple[list[set[str]], Any]:
     return seen, progress
 
 
+def _reads_ahead(seen: list[set[str]]) -> bool:
+    return any(n.startswith("txstore-read-ahead") for names in seen for n in names)
+
+
 def test_parquet_import_from_an_object_store_reads_ranges(tmp_path: Path, s3_server: Any):
     # Not files on this machine: the row groups are read through ranged reads of the storage,
     # the next one while the last one is written.
@@ -827,11 +831,7 @@ def test_parquet_import_from_an_object_store_reads_ranges(tmp_path: Path, s3_ser
                            src_storage_options=s3_server.options, num_workers=1,
                            progress=progress)  # fmt: skip
     _same_samples(txstore.open(str(tmp_path / "a")).snapshot(), rows)
-    assert any(name.startswith("txstore-read-ahead") for names in remote for name in names)
-
-
-def _reads_ahead(seen: list[set[str]]) -> bool:
-    return any(n.startswith("txstore-read-ahead") for names in seen for n in names)
+    assert _reads_ahead(remote)
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs CPU affinity")

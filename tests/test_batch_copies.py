@@ -250,6 +250,7 @@ def test_sharing_descriptors_starts_before_any_is_shared() -> None:
     # In a process of its own: the resource sharer is per process and starts once.
     code = """
 import os
+import time
 from multiprocessing import resource_sharer as r
 from txstore.torch.transport import share_early
 
@@ -262,11 +263,18 @@ def fds():
             pass
     return found
 
+def opened():
+    return [t.split(":")[0] for n, t in fds().items() if before.get(n) != t]
+
 assert r._resource_sharer._address is None
 before = fds()
 share_early()
 s = r._resource_sharer
-new = [t.split(":")[0] for n, t in fds().items() if before.get(n) != t]
+# The sharer's thread closes its copy of the pipe end just after sending it: give it time.
+deadline = time.monotonic() + 10
+while "pipe" in opened() and time.monotonic() < deadline:
+    time.sleep(0.01)
+new = opened()
 print(s._address is not None, len(s._cache), "pipe" in new, "socket" in new)
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,9 @@ import pytest
 import txstore
 from txstore.storage import FileInfo, Storage, open_storage
 from txstore.storage.base import Data
+from txstore.store import snapshot as snapshot_module
+
+from .conftest import Backend
 
 
 def batch(tag: int, n: int = 10) -> list[dict[str, Any]]:
@@ -209,6 +213,87 @@ def test_a_reader_logs_what_it_fetches_per_read_not_per_sample(
     assert "footer" in what and any("one sample" in w for w in what)
     assert what.count("whole file") == len(sizes)  # iterating reads each chunk once, whole
     assert len(reads) < len(samples) / 10
+
+
+def _footers_read(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The chunk files whose footers the reader fetched, as the DEBUG lines say."""
+    pattern = re.compile(r"reading \S+/(chunks/\S+) bytes \d+-\d+ \(\d+ bytes, footer\)")
+    found = [pattern.fullmatch(m) for m in messages(caplog, "txstore.store.snapshot")]
+    return [got.group(1) for got in found if got is not None]
+
+
+def _footer_threads_done() -> None:
+    for thread in threading.enumerate():
+        if thread.name == "txstore-footers":
+            thread.join(30)
+            assert not thread.is_alive()
+
+
+@pytest.mark.s3
+def test_a_random_reader_reads_the_other_footers_ahead_unless_each_is_a_request(
+    backend: Backend, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = txstore.create(backend.uri, **backend.kwargs(), chunk_bytes=8192, block_bytes=2048)
+    store.append([{"i": i, "pad": bytes(200)} for i in range(300)])
+    paths = [c.path for c in store.snapshot().chunk_refs()]
+    assert len(paths) > 2
+    caplog.set_level(logging.DEBUG, logger="txstore.store.snapshot")
+
+    snap = txstore.open(backend.uri, **backend.kwargs()).snapshot()
+    assert snap[0]["i"] == 0
+    _footer_threads_done()
+    if backend.name == "s3":  # a request per footer: only the chunk read
+        assert _footers_read(caplog) == paths[:1]
+    else:
+        assert sorted(_footers_read(caplog)) == sorted(paths)
+
+    caplog.clear()  # the last chunk's first sample: its block, and its footer only on S3
+    assert snap[len(snap) - 1]["i"] == len(snap) - 1
+    assert _footers_read(caplog) == (paths[-1:] if backend.name == "s3" else [])
+    assert any("one sample" in m for m in messages(caplog, "txstore.store.snapshot"))
+
+
+def test_footers_are_read_ahead_once_and_not_for_a_snapshot_of_many_chunks(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = str(tmp_path / "store")
+    store = txstore.create(path, chunk_bytes=8192, block_bytes=2048)
+    store.append([{"i": i, "pad": bytes(200)} for i in range(300)])
+    count = len(store.snapshot().chunk_refs())
+    caplog.set_level(logging.DEBUG, logger="txstore.store.snapshot")
+
+    snap = txstore.open(path).snapshot()
+    for view, i in ((snap, 0), (snap.zero_copy(), 5), (snap, 299)):
+        assert view[i]["i"] == i  # views of one version share its reader
+    _footer_threads_done()
+    assert len(_footers_read(caplog)) == count  # each footer read once
+
+    monkeypatch.setattr(snapshot_module, "FOOTERS_AHEAD_CHUNKS", count - 1)
+    caplog.clear()
+    snap = txstore.open(path).snapshot()
+    assert snap[0]["i"] == 0
+    _footer_threads_done()
+    assert len(_footers_read(caplog)) == 1
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_damaged_footer_read_ahead_is_reported_by_the_sample_that_needs_it(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "store"
+    store = txstore.create(str(path), chunk_bytes=8192, block_bytes=2048)
+    store.append([{"i": i, "pad": bytes(200)} for i in range(300)])
+    last = store.snapshot().chunk_refs()[-1]
+    damaged = path / last.path
+    data = bytearray(damaged.read_bytes())
+    data[last.footer_offset + 3] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+
+    snap = txstore.open(str(path)).snapshot()
+    assert snap[0]["i"] == 0  # the thread reading ahead meets the damage and says nothing
+    _footer_threads_done()
+    with pytest.raises(txstore.ChecksumError, match=last.path):
+        snap[len(snap) - 1]
 
 
 def test_a_quiet_reader_logs_nothing(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -24,6 +24,7 @@ from typing import Any
 
 from ..errors import AlreadyExistsError, NotFoundError, RefChangedError, StorageError
 from .base import TEMP_PREFIX, Data, FileInfo, Storage
+from .forksafe import renew_after_fork
 
 _LOCK_NAME = ".txstore.lock"
 _MAX_KEPT_MAPS = 64
@@ -270,6 +271,7 @@ class LocalStorage(Storage):
         # Kept maps, most recently used last.
         self._maps: OrderedDict[str, _Kept] = OrderedDict()
         self._maps_lock = threading.Lock()
+        renew_after_fork(self, "_maps_lock")
         self._made_dirs: set[str] = set()
 
     @property

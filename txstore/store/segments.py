@@ -34,6 +34,7 @@ from ..format.manifest import (
     SegmentRef,
 )
 from ..storage import Storage
+from ..storage.forksafe import renew_after_fork
 
 MAX_SEGMENT_CHUNKS = 256
 NODE_FANOUT = 16
@@ -183,6 +184,7 @@ class Segments:
         self._cache: OrderedDict[str, Loaded] = OrderedDict()
         self._merged: dict[tuple[object, ...], SegmentRef] = {}
         self._lock = threading.Lock()
+        renew_after_fork(self, "_lock")
 
     # -- reading ----------------------------------------------------------------------------
 

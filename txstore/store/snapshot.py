@@ -49,6 +49,7 @@ from ..format.frames import (
 from ..format.manifest import ChunkFile, ChunkRef, Manifest, chunk_files
 from ..format.values import ABSENT, ValueDecoder
 from ..storage import Storage, open_storage
+from ..storage.forksafe import renew_after_fork
 from ..txn.log import VersionLog
 from ..txn.rules import sample_origins
 from . import exports
@@ -222,6 +223,7 @@ class ChunkReader:
         self._pieces: OrderedDict[tuple[str, int, int], bytes] = OrderedDict()
         self._piece_bytes = 0
         self._lock = threading.Lock()
+        renew_after_fork(self, "_lock")
         self._footers_asked: set[int] = set()  # versions whose footers are read ahead
         # Each chunk's files, by the id of its reference, which the entry keeps alive (so
         # that its id is not reused): a random reader's sample no longer builds them anew.

@@ -275,6 +275,15 @@ def test_footers_are_read_ahead_once_and_not_for_a_snapshot_of_many_chunks(
     _footer_threads_done()
     assert len(_footers_read(caplog)) == 1
 
+    # Footers of more files than the reader keeps: it stops when its cache is full.
+    monkeypatch.setattr(snapshot_module, "FOOTERS_AHEAD_CHUNKS", count)
+    monkeypatch.setattr(snapshot_module, "_LAYOUT_CACHE", 3)
+    caplog.clear()
+    snap = txstore.open(path).snapshot()
+    assert snap[0]["i"] == 0
+    _footer_threads_done()
+    assert len(_footers_read(caplog)) == 3
+
 
 @pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
 def test_a_damaged_footer_read_ahead_is_reported_by_the_sample_that_needs_it(

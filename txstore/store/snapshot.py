@@ -289,6 +289,8 @@ class ChunkReader:
         try:
             for chunk in chunks():
                 for src in chunk_files(chunk):
+                    if len(self._layouts) >= _LAYOUT_CACHE:
+                        return  # chunks with many field files: more would evict the first
                     self.layout(src, version, lazy=True)
         except TxstoreError:
             pass  # the sample that needs the footer reads it again and says what is wrong
